@@ -1,0 +1,61 @@
+# nib — two commands on a fresh machine:
+#   make serve   installs into .venv and serves completions from the shipped model
+#   make test    installs into .venv and runs the tests (GPU tests skip without CUDA)
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU-only machines get the CPU build of torch (fast to install); machines with an
+# NVIDIA driver get the default (CUDA) build. Override: make test TORCH_SPEC=...
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -e ".[dev]" --config-settings editable_mode=strict
+	touch $@
+
+serve: setup
+	$(VENV)/bin/nib serve $(SERVE_ARGS)
+
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+define run_pytest
+	@$(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests in $(1)"; exit 1; fi; exit $$rc
+endef
+
+test: setup
+	$(call run_pytest,tests/unit tests/integration tests/gpu)
+
+test-unit: setup
+	$(call run_pytest,tests/unit)
+
+test-integration: setup
+	$(call run_pytest,tests/integration)
+
+test-gpu: setup
+	$(call run_pytest,tests/gpu)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p nib.sdk -p nib.service
+	$(PY) tools/gen_proto.py --check
+	$(VENV)/bin/buf lint
+
+proto: setup
+	$(PY) tools/gen_proto.py
+
+proto-check: setup
+	$(PY) tools/gen_proto.py --check
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

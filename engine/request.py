@@ -1,0 +1,81 @@
+"""What goes into the engine and what comes out: plain dataclasses, no protobuf."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    END_OF_TEXT = "end_of_text"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: int | None = None  # None: random
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Either plain text or a fill-in-the-middle cursor."""
+
+    text: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+    path: str = ""
+    language: str = ""
+
+    @property
+    def is_infill(self) -> bool:
+        return self.text is None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text produced by one or more tokens (text may be empty, see IncrementalDetokenizer)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float = 0.0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    inter_token_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    finish_reason: FinishReason
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    stop: str = ""
+    error: str = ""
+
+
+Event = TokenEvent | DoneEvent

@@ -1,0 +1,145 @@
+"""Tokenizer (HF `tokenizers`), fill-in-the-middle templates and incremental detokenising."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    """Special tokens of one fill-in-the-middle convention (prefix-suffix-middle order)."""
+
+    name: str
+    prefix: str
+    suffix: str
+    middle: str
+    file_sep: str | None = None  # token that introduces a file path, where the family has one
+
+
+# Checked in order; the first whose three tokens are all in the vocabulary wins.
+FIM_TEMPLATES = (
+    FimTemplate("nib", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"),
+    FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>"),
+    FimTemplate("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+    FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>"),
+)
+
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<eos>")
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path, eos_token_ids: tuple[int, ...] = ()) -> None:
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        self._tok = HFTokenizer.from_file(str(file))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        eos = set(eos_token_ids)
+        config = file.parent / "tokenizer_config.json"
+        if config.is_file():
+            eos_text = json.loads(config.read_text()).get("eos_token")
+            if isinstance(eos_text, dict):
+                eos_text = eos_text.get("content")
+            if isinstance(eos_text, str) and self._tok.token_to_id(eos_text) is not None:
+                eos.add(self._tok.token_to_id(eos_text))
+        if not eos:
+            eos = {i for t in EOS_CANDIDATES if (i := self._tok.token_to_id(t)) is not None}
+        self.eos_token_ids = frozenset(eos)
+        self.fim = next(
+            (
+                t
+                for t in FIM_TEMPLATES
+                if all(self._tok.token_to_id(s) is not None for s in (t.prefix, t.suffix, t.middle))
+            ),
+            None,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self._tok.decode(ids, skip_special_tokens=False)
+        return text
+
+    def token_id(self, token: str) -> int:
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise KeyError(token)
+        return int(i)
+
+    def encode_infill(self, prefix: str, suffix: str, path: str = "") -> list[int]:
+        """Prompt ids for generating what goes between prefix and suffix (PSM order)."""
+        if self.fim is None:
+            raise ValueError("this model's tokenizer has no fill-in-the-middle tokens")
+        t = self.fim
+        ids: list[int] = []
+        if path and t.file_sep is not None and self._tok.token_to_id(t.file_sep) is not None:
+            ids += [self.token_id(t.file_sep), *self.encode(path + "\n")]
+        ids += [self.token_id(t.prefix), *self.encode(prefix)]
+        ids += [self.token_id(t.suffix), *self.encode(suffix)]
+        ids += [self.token_id(t.middle)]
+        return ids
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas.
+
+    Decodes a short window of recent tokens twice (with and without the newest)
+    and emits the difference, so leading-space rules and multi-token UTF-8
+    characters come out right; text ending in U+FFFD waits for the next token.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, context_ids: list[int] | None = None) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = list(context_ids or [])[-4:]
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._tok.decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return delta
+        return ""
+
+
+class StopMatcher:
+    """Holds back text that could still become a stop string; finds the first stop.
+
+    feed() returns (text safe to emit, matched stop or None). After a match the
+    text before the stop is returned and the rest dropped.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._pending = ""
+
+    def feed(self, text: str) -> tuple[str, str | None]:
+        if not self._stops:
+            return text, None
+        buf = self._pending + text
+        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        if hits:
+            index, stop = min(hits)
+            self._pending = ""
+            return buf[:index], stop
+        hold = 0
+        for s in self._stops:
+            for k in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        self._pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], None
+
+    def flush(self) -> str:
+        text, self._pending = self._pending, ""
+        return text

@@ -1,0 +1,1 @@
+"""nib gRPC server."""

@@ -1,0 +1,140 @@
+"""Protobuf stops here: requests become engine dataclasses, events become messages."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from nib.engine.engine import ModelInfo
+from nib.engine.errors import InvalidRequest
+from nib.engine.request import DoneEvent, Event, FinishReason, GenerationParams, Prompt
+from nib.v1 import completion_pb2 as pb
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+MAX_REQUEST_ID_LENGTH = 128
+MAX_TEMPERATURE = 2.0
+
+FINISH_TO_PB = {
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.END_OF_TEXT: pb.FINISH_REASON_END_OF_TEXT,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.SUPERSEDED: pb.FINISH_REASON_SUPERSEDED,
+    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens_limit: int
+    default_max_tokens: int
+
+
+@dataclass(frozen=True)
+class CompletionSpec:
+    request_id: str
+    prompt: Prompt
+    params: GenerationParams
+
+
+def spec_from_pb(req: pb.CompleteRequest, limits: Limits) -> CompletionSpec:
+    """Validate a CompleteRequest; InvalidRequest names the field and the limit."""
+    which = req.WhichOneof("input")
+    if which is None:
+        raise InvalidRequest("prompt", "one of prompt or infill is required")
+    if which == "prompt":
+        if not req.prompt:
+            raise InvalidRequest("prompt", "must not be empty")
+        prompt = Prompt(text=req.prompt)
+    else:
+        fill = req.infill
+        if not fill.prefix and not fill.suffix:
+            raise InvalidRequest("infill", "prefix and suffix must not both be empty")
+        prompt = Prompt(
+            prefix=fill.prefix, suffix=fill.suffix, path=fill.path, language=fill.language
+        )
+
+    max_tokens = req.max_tokens or limits.default_max_tokens
+    if max_tokens > limits.max_tokens_limit:
+        raise InvalidRequest(
+            "max_tokens", f"is {max_tokens}; must be at most {limits.max_tokens_limit}"
+        )
+    if not (math.isfinite(req.temperature) and 0.0 <= req.temperature <= MAX_TEMPERATURE):
+        raise InvalidRequest(
+            "temperature", f"is {req.temperature}; must be between 0 and {MAX_TEMPERATURE}"
+        )
+    if not (math.isfinite(req.top_p) and 0.0 <= req.top_p <= 1.0):
+        raise InvalidRequest("top_p", f"is {req.top_p}; must be between 0 and 1")
+    if len(req.stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(
+            "stop", f"has {len(req.stop)} strings; at most {MAX_STOP_STRINGS} allowed"
+        )
+    for s in req.stop:
+        if not s or len(s) > MAX_STOP_LENGTH:
+            raise InvalidRequest(
+                "stop", f"each stop string must be 1 to {MAX_STOP_LENGTH} characters"
+            )
+    if len(req.request_id) > MAX_REQUEST_ID_LENGTH:
+        raise InvalidRequest("request_id", f"must be at most {MAX_REQUEST_ID_LENGTH} characters")
+    if req.request_id and not req.request_id.isprintable():
+        raise InvalidRequest("request_id", "must be printable text")
+
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p if 0.0 < req.top_p < 1.0 else 1.0,
+        seed=req.seed if req.HasField("seed") else None,
+        stop=tuple(req.stop),
+        logprobs=req.logprobs,
+    )
+    return CompletionSpec(req.request_id or uuid.uuid4().hex, prompt, params)
+
+
+def done_to_pb(event: DoneEvent) -> pb.Done:
+    t, u = event.timings, event.usage
+    return pb.Done(
+        finish_reason=FINISH_TO_PB[event.finish_reason],
+        stop=event.stop,
+        usage=pb.Usage(
+            prompt_tokens=u.prompt_tokens,
+            completion_tokens=u.completion_tokens,
+            cached_prompt_tokens=u.cached_prompt_tokens,
+        ),
+        timings=pb.Timings(
+            queue_ms=t.queue_ms,
+            ttft_ms=t.ttft_ms,
+            total_ms=t.total_ms,
+            inter_token_ms=t.inter_token_ms,
+        ),
+        error=event.error,
+    )
+
+
+def error_done(message: str, code: int) -> pb.Done:
+    return pb.Done(finish_reason=pb.FINISH_REASON_ERROR, error=message, error_code=code)
+
+
+def event_to_pb(event: Event) -> tuple[pb.Delta | None, pb.Done | None]:
+    """(delta, done) of a response message carrying event; exactly one is set."""
+    if isinstance(event, DoneEvent):
+        return None, done_to_pb(event)
+    return pb.Delta(text=event.text, token_ids=event.token_ids, logprobs=event.logprobs), None
+
+
+def model_info_to_pb(info: ModelInfo, server_version: str) -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model=info.model,
+        architecture=info.architecture,
+        context_length=info.context_length,
+        vocab_size=info.vocab_size,
+        device=info.device,
+        dtype=info.dtype,
+        quantization=info.quantization,
+        max_tokens_limit=info.max_tokens_limit,
+        supports_infill=info.supports_infill,
+        graphs=[pb.GraphInfo(name=n, ready=r, fallback=f) for n, r, f in info.graphs],
+        server_version=server_version,
+    )

@@ -1,0 +1,83 @@
+"""The built wheel installs alone (no torch) and its SDK and CLI talk to a real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (built,) = out.glob("nib-*.whl")
+    return built
+
+
+def test_wheel_contains_every_package_and_generated_stubs(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "nib/v1/completion_pb2.py",
+        "nib/v1/completion_pb2_grpc.py",
+        "nib/v1/completion.proto",
+        "nib/sdk/client.py",
+        "nib/sdk/py.typed",
+        "nib/engine/model.py",
+        "nib/service/server.py",
+        "nib/bridge/__init__.py",
+    ):
+        assert required in names, required
+    assert not any(n.startswith("nib/__init__") for n in names), "nib is a namespace package"
+
+
+def test_base_install_has_no_torch_and_the_sdk_works(
+    wheel: Path, server: ServerProcess, tmp_path: Path
+) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--quiet", str(wheel)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    probe = (
+        "import importlib.util, sys\n"
+        "import nib.sdk, nib.v1.completion_pb2\n"
+        "assert importlib.util.find_spec('torch') is None, 'torch is installed'\n"
+        "assert 'torch' not in sys.modules\n"
+        f"c = nib.sdk.Client('{server.address}')\n"
+        "s = c.complete('def f', max_tokens=4)\n"
+        "print(repr(''.join(s)), s.finish_reason)\n"
+    )
+    run = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] in ("length", "end_of_text")
+    serve = subprocess.run(
+        [str(env_dir / "bin" / "nib"), "serve"], capture_output=True, text=True, timeout=60
+    )
+    assert serve.returncode == 2 and "pip install 'nib[server]'" in serve.stderr
