@@ -54,6 +54,16 @@ def byte_level_tokenizer() -> Tokenizer:
     return tok
 
 
+def write_byte_tokenizer(out_dir: str | Path) -> None:
+    """Save the byte-level tokenizer (vocab 261 of a 384-row embedding) into a model folder."""
+    out = Path(out_dir)
+    byte_level_tokenizer().save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
+        + "\n"
+    )
+
+
 def make_random_model(
     out_dir: str | Path,
     *,

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +39,9 @@ from nib.engine.request import (
 from nib.engine.sampling import Sampler
 from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
+if TYPE_CHECKING:
+    from nib.engine.graphs import GraphRunner
+
 log = logging.getLogger("nib.engine")
 
 Sink = Callable[[Event], None]
@@ -53,6 +58,8 @@ class EngineConfig:
     max_tokens_limit: int = 1024
     default_max_tokens: int = 64
     max_queue: int = 64
+    use_graphs: bool = True  # CUDA graphs on a GPU (off: the same kernels, launched eagerly)
+    tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -116,6 +123,8 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
         self.model: Transformer | None = None
+        self.runner: GraphRunner | None = None
+        self.gemv_choices: dict[tuple[int, int], str] = {}
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=config.max_queue)
@@ -157,6 +166,10 @@ class Engine:
             quantization="none",
             max_tokens_limit=self.config.max_tokens_limit,
             supports_infill=self.tokenizer.fim is not None,
+            graphs=tuple(
+                (s.name, s.ready, s.fallback)
+                for s in (self.runner.states.values() if self.runner else ())
+            ),
         )
 
     # -- requests ----------------------------------------------------------
@@ -208,6 +221,8 @@ class Engine:
             started = time.perf_counter()
             self.model = load_model(self.config.model_dir, dtype=self.dtype, device=self.device)
             self.model.setup_cache(self.max_context)
+            if self.device.type == "cuda":
+                self._setup_gpu()
             self._warm_up()
             log.info("engine ready in %.2fs", time.perf_counter() - started)
             self.ready.set()
@@ -256,62 +271,118 @@ class Engine:
             log.exception("request %s failed", job.request_id)
             self._emit(job, DoneEvent(FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
 
-    def _generate(self, job: _Job) -> None:
+    def _setup_gpu(self) -> None:
+        """Fused Triton glue, the tuned GEMV, then graphs captured for every shape."""
+        from nib.engine.graphs import GraphRunner
+        from nib.engine.kernels.gemv import swap_in_gemv
+        from nib.engine.ops import TritonOps
+
         assert self.model is not None
-        model, tok, params = self.model, self.tokenizer, job.params
+        self.model.ops = TritonOps()
+        started = time.perf_counter()
+        self.gemv_choices = swap_in_gemv(self.model, tune=self.config.tune_kernels)
+        log.info("linear kernels per (out, in): %s", self.gemv_choices)
+        self.runner = GraphRunner(self.model, self.max_context, use_graphs=self.config.use_graphs)
+        self.runner.capture()
+        captured = sum(s.ready for s in self.runner.states.values())
+        log.info(
+            "captured %d/%d CUDA graphs in %.1fs (incl. kernel tuning)",
+            captured,
+            len(self.runner.states),
+            time.perf_counter() - started,
+        )
+
+    def _generate(self, job: _Job) -> None:
         start = time.perf_counter()
         queue_ms = (start - job.arrival) * 1e3
-        n_prompt = len(job.prompt_ids)
-        usage = Usage(prompt_tokens=n_prompt)
         if job.handle.cancelled:
+            usage = Usage(prompt_tokens=len(job.prompt_ids))
             self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
             return
+        out = _Output(self, job, queue_ms)
+        budget = min(job.params.max_tokens, self.max_context - len(job.prompt_ids))
+        if self.runner is not None:
+            self._decode_gpu(job, out, budget)
+        else:
+            self._decode_cpu(job, out, budget)
+        out.done()
 
-        sampler = Sampler(params, self.device)
-        detok = IncrementalDetokenizer(tok, job.prompt_ids)
-        stops = StopMatcher(params.stop)
-        budget = min(params.max_tokens, self.max_context - n_prompt)
-        stamps: list[float] = []
-        finish, stop_hit = FinishReason.LENGTH, ""
-        completion = 0
-
+    def _decode_cpu(self, job: _Job, out: _Output, budget: int) -> None:
+        assert self.model is not None
+        model, n = self.model, len(job.prompt_ids)
+        sampler = Sampler(job.params, self.device)
         ids = torch.tensor([job.prompt_ids], dtype=torch.long, device=self.device)
-        logits = model(ids, torch.arange(n_prompt, device=self.device), n_prompt, last_only=True)
-        pos = n_prompt
+        logits = model(ids, torch.arange(n, device=self.device), n, last_only=True)
         for step in range(budget):
             row = logits[0, -1].float()
             token = sampler(row)
             token_id = int(token.item())
-            if token_id in tok.eos_token_ids:
-                finish = FinishReason.END_OF_TEXT
-                break
-            completion += 1
-            text, stop_hit_or_none = stops.feed(detok.push(token_id))
-            logprob = (float(row.log_softmax(-1)[token_id]),) if params.logprobs else ()
-            stamps.append(time.perf_counter())
-            if not self._emit(job, TokenEvent(text, (token_id,), logprob)):
-                finish = job.handle.reason
-                break
-            if stop_hit_or_none is not None:
-                finish, stop_hit = FinishReason.STOP, stop_hit_or_none
-                break
-            if job.handle.cancelled:
-                finish = job.handle.reason
-                break
-            if step + 1 == budget:
-                break
+            logprob = float(row.log_softmax(-1)[token_id]) if job.params.logprobs else 0.0
+            if not out.token(token_id, logprob) or step + 1 == budget:
+                return
+            pos = n + step
             logits = model(token.view(1, 1), torch.tensor([pos], device=self.device), pos + 1)
-            pos += 1
-        if finish in (FinishReason.LENGTH, FinishReason.END_OF_TEXT):
-            rest = stops.flush()
+
+    def _decode_gpu(self, job: _Job, out: _Output, budget: int) -> None:
+        """The runner launches step n+1 before handing over token n, so detokenising,
+        stop checks and streaming overlap the GPU's work (see GraphRunner.generate)."""
+        runner, params = self.runner, job.params
+        assert runner is not None
+        if not params.greedy:
+            seed = (
+                params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
+            )
+            runner.sampler.set_request(params, seed)
+        for token_id, logprob in runner.generate(job.prompt_ids, params.greedy, budget):
+            if not out.token(token_id, logprob):
+                return
+
+
+class _Output:
+    """Turns sampled token ids into events: detokenising, stop strings, EOS,
+    cancellation, timings. token() returns False when generation must end."""
+
+    def __init__(self, engine: Engine, job: _Job, queue_ms: float) -> None:
+        self.engine, self.job, self.queue_ms = engine, job, queue_ms
+        self.detok = IncrementalDetokenizer(engine.tokenizer, job.prompt_ids)
+        self.stops = StopMatcher(job.params.stop)
+        self.stamps: list[float] = []
+        self.completion = 0
+        self.finish, self.stop_hit = FinishReason.LENGTH, ""
+
+    def token(self, token_id: int, logprob: float) -> bool:
+        job = self.job
+        if token_id in self.engine.tokenizer.eos_token_ids:
+            self.finish = FinishReason.END_OF_TEXT
+            return False
+        self.completion += 1
+        text, stop = self.stops.feed(self.detok.push(token_id))
+        self.stamps.append(time.perf_counter())
+        lp = (logprob,) if job.params.logprobs else ()
+        if not self.engine._emit(job, TokenEvent(text, (token_id,), lp)):
+            self.finish = job.handle.reason
+            return False
+        if stop is not None:
+            self.finish, self.stop_hit = FinishReason.STOP, stop
+            return False
+        if job.handle.cancelled:
+            self.finish = job.handle.reason
+            return False
+        return True
+
+    def done(self) -> None:
+        job = self.job
+        if self.finish in (FinishReason.LENGTH, FinishReason.END_OF_TEXT):
+            rest = self.stops.flush()
             if rest:
-                self._emit(job, TokenEvent(rest, ()))
+                self.engine._emit(job, TokenEvent(rest, ()))
         end = time.perf_counter()
+        stamps = self.stamps
         timings = Timings(
-            queue_ms=queue_ms,
+            queue_ms=self.queue_ms,
             ttft_ms=((stamps[0] if stamps else end) - job.arrival) * 1e3,
             total_ms=(end - job.arrival) * 1e3,
             inter_token_ms=tuple((b - a) * 1e3 for a, b in itertools.pairwise(stamps)),
         )
-        usage = Usage(prompt_tokens=n_prompt, completion_tokens=completion)
-        self._emit(job, DoneEvent(finish, usage, timings, stop=stop_hit))
+        usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=self.completion)
+        self.engine._emit(job, DoneEvent(self.finish, usage, timings, stop=self.stop_hit))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -62,42 +62,57 @@ def load_model(
     """Build the model on the meta device, then assign the checkpoint's tensors."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    params = dict(model.named_parameters())
     with ExitStack() as stack:
         handles = [
             stack.enter_context(safe_open(str(f), "pt")) for f in safetensors_files(model_dir)
         ]
         where = {name: h for h in handles for name in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-        used: set[str] = set()
-        state: dict[str, torch.Tensor] = {}
-        for name, sources in _hf_to_nib(cfg):
-            missing = [s for s in sources if s not in where]
-            if missing:
-                raise CheckpointError(f"{model_dir}: tensor {missing[0]} is missing")
-            parts = [where[s].get_tensor(s) for s in sources]
-            tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-            expected = params[name].shape
-            if tensor.shape != expected:
-                raise CheckpointError(
-                    f"{model_dir}: {' + '.join(sources)} has shape {tuple(tensor.shape)}, "
-                    f"config.json implies {tuple(expected)}"
-                )
-            state[name] = tensor.to(device=device, dtype=dtype)
-            used.update(sources)
+        return build_model(
+            cfg,
+            {n: (lambda n=n: where[n].get_tensor(n)) for n in where},
+            dtype,
+            device,
+            str(model_dir),
+        )
+
+
+def build_model(
+    cfg: ModelConfig,
+    tensors: dict[str, Callable[[], torch.Tensor]],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    source: str = "checkpoint",
+) -> Transformer:
+    """Assemble a Transformer from HF-named tensors (loaded lazily, one at a time)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    params = dict(model.named_parameters())
+    used: set[str] = set()
+    state: dict[str, torch.Tensor] = {}
+    for name, sources in _hf_to_nib(cfg):
+        missing = [s for s in sources if s not in tensors]
+        if missing:
+            raise CheckpointError(f"{source}: tensor {missing[0]} is missing")
+        parts = [tensors[s]() for s in sources]
+        tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        expected = params[name].shape
+        if tensor.shape != expected:
+            raise CheckpointError(
+                f"{source}: {' + '.join(sources)} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected)}"
+            )
+        state[name] = tensor.to(device=device, dtype=dtype)
+        used.update(sources)
     # Tied checkpoints sometimes carry a copy of the embedding as lm_head; others are errors.
     extra = sorted(
-        n for n in set(where) - used - {"lm_head.weight"} if not n.endswith("rotary_emb.inv_freq")
+        n for n in set(tensors) - used - {"lm_head.weight"} if not n.endswith("rotary_emb.inv_freq")
     )
     if extra:
-        raise CheckpointError(
-            f"{model_dir}: unexpected tensor {extra[0]} (and {len(extra) - 1} more)"
-        )
+        raise CheckpointError(f"{source}: unexpected tensor {extra[0]} (and {len(extra) - 1} more)")
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
-        raise CheckpointError(f"{model_dir}: no tensor for {leftover[0]}")
+        raise CheckpointError(f"{source}: no tensor for {leftover[0]}")
     return model.eval()

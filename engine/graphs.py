@@ -1,0 +1,232 @@
+"""CUDA graphs for the decode loop: static buffers, captured prefill and decode steps.
+
+Everything a graph touches is allocated here, before capture: the prompt
+buffer, the current token and position (device tensors, so consecutive decode
+replays need no host input), the sampler's state, and pinned host slots that
+each step writes its token into. Graphs:
+
+- prefill-<B>-{greedy,sample}: a prompt padded to bucket B, from position 0;
+  samples the first token into slot 2.
+- decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
+  slots, so the host can read step n while step n+1 already runs.
+
+A body that fails to capture runs eagerly instead (same code, no graph): the
+shape stays served, `fallbacks` counts it and the state says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from nib.engine.device_sampling import DeviceSampler
+from nib.engine.graphs_common import decode_attend_fn
+from nib.engine.kernels.decode_attention import DecodeAttention
+from nib.engine.model import Transformer
+from nib.engine.ops import fresh_prefill_attention
+
+log = logging.getLogger("nib.engine")
+
+PREFILL_SLOT = 2
+
+
+def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to max_context (which is always the last bucket)."""
+    buckets, b = [], smallest
+    while b < max_context:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, max_context)
+
+
+@dataclass
+class GraphState:
+    name: str
+    ready: bool = False
+    fallback: bool = False
+    capture_ms: float = 0.0
+    error: str = ""
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        model: Transformer,
+        max_context: int,
+        *,
+        buckets: tuple[int, ...] | None = None,
+        use_graphs: bool = True,
+        keep_logits: bool = False,
+    ) -> None:
+        cfg = model.cfg
+        device = model.tok_embeddings.weight.device
+        self.model = model
+        self.device = device
+        self.use_graphs = use_graphs
+        self.buckets = buckets or bucket_ladder(max_context)
+        biggest = self.buckets[-1]
+        self.tokens_in = torch.zeros((1, biggest), dtype=torch.long, device=device)
+        self.positions = torch.arange(biggest, device=device)
+        self.meta = torch.zeros(2, dtype=torch.long, device=device)  # [n_prompt, n_prompt - 1]
+        self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.sampler = DeviceSampler(cfg.vocab_size, device)
+        self.attention = DecodeAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device
+        )
+        self._decode_attend = decode_attend_fn(self.attention)
+        self.out_token = torch.zeros(3, dtype=torch.long).pin_memory()
+        self.out_logprob = torch.zeros(3, dtype=torch.float32).pin_memory()
+        self._staging = torch.zeros(biggest + 2, dtype=torch.long).pin_memory()
+        self.keep_logits = keep_logits  # tests: every step also copies its logits here
+        self.last_logits = torch.zeros(cfg.vocab_size, device=device)
+        self.stream = torch.cuda.Stream(device)
+        self.events = [torch.cuda.Event() for _ in range(3)]
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.states: dict[str, GraphState] = {}
+        self.fallbacks: dict[str, int] = {}
+        self.bodies: dict[str, Callable[[], None]] = {}
+        for b in self.buckets:
+            for greedy in (True, False):
+                self.bodies[self._prefill_name(b, greedy)] = partial(self._prefill_body, b, greedy)
+        for greedy in (True, False):
+            for parity in (0, 1):
+                self.bodies[self._decode_name(parity, greedy)] = partial(
+                    self._decode_body, parity, greedy
+                )
+        for name in self.bodies:
+            self.states[name] = GraphState(name)
+
+    # -- step bodies: graph-safe, and run as they are when a graph is missing --
+
+    @staticmethod
+    def _prefill_name(bucket: int, greedy: bool) -> str:
+        return f"prefill-{bucket}-{'greedy' if greedy else 'sample'}"
+
+    @staticmethod
+    def _decode_name(parity: int, greedy: bool) -> str:
+        return f"decode-{'greedy' if greedy else 'sample'}-{parity}"
+
+    def _finish(self, logits: torch.Tensor, greedy: bool, slot: int) -> None:
+        row = logits[0, 0].float()
+        if self.keep_logits:
+            self.last_logits.copy_(row)
+        token = DeviceSampler.greedy(row) if greedy else self.sampler.sample(row)
+        logprob = row.gather(0, token) - row.logsumexp(dim=0, keepdim=True)
+        self.token.copy_(token.view(1, 1))
+        self.out_token[slot : slot + 1].copy_(token, non_blocking=True)
+        self.out_logprob[slot : slot + 1].copy_(logprob, non_blocking=True)
+
+    def _prefill_body(self, bucket: int, greedy: bool) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket],
+            gather_index=self.meta[1:2],
+            attend=fresh_prefill_attention,
+        )
+        self.pos.copy_(self.meta[0:1])
+        self._finish(logits, greedy, PREFILL_SLOT)
+
+    def _decode_body(self, parity: int, greedy: bool) -> None:
+        logits = self.model(self.token, self.pos, attend=self._decode_attend)
+        self.pos.add_(1)
+        self._finish(logits, greedy, parity)
+
+    # -- capture --------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Warm every body up (compiles kernels), then capture each into a graph."""
+        self._load_dummy_prompt()
+        with torch.cuda.stream(self.stream), torch.inference_mode():
+            for body in self.bodies.values():
+                body()
+                body()
+        self.stream.synchronize()
+        if not self.use_graphs:
+            return
+        pool = None
+        for name, body in self.bodies.items():
+            state = self.states[name]
+            started = time.perf_counter()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                    body()
+                pool = graph.pool() if pool is None else pool
+                self._load_dummy_prompt()
+                with torch.cuda.stream(self.stream):
+                    graph.replay()
+                self.stream.synchronize()
+                self.graphs[name] = graph
+                state.ready = True
+            except Exception as exc:  # keep serving this shape eagerly
+                state.fallback, state.error = True, f"{type(exc).__name__}: {exc}"
+                log.warning("graph %s failed to capture; running it eagerly: %s", name, state.error)
+                torch.cuda.synchronize()
+            state.capture_ms = (time.perf_counter() - started) * 1e3
+
+    def _load_dummy_prompt(self) -> None:
+        self.meta.copy_(torch.tensor([8, 7]))
+        self.pos.fill_(8)
+        self.sampler.set_request_defaults()
+
+    # -- running --------------------------------------------------------------
+
+    def _run(self, name: str) -> None:
+        graph = self.graphs.get(name)
+        if graph is not None:
+            graph.replay()
+            return
+        if self.use_graphs:
+            self.fallbacks[name] = self.fallbacks.get(name, 0) + 1
+        with torch.inference_mode():
+            self.bodies[name]()
+
+    def bucket_for(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def prefill(self, prompt_ids: list[int], greedy: bool) -> torch.cuda.Event:
+        n = len(prompt_ids)
+        staging = self._staging
+        staging[0], staging[1] = n, n - 1
+        staging[2 : 2 + n] = torch.tensor(prompt_ids, dtype=torch.long)
+        with torch.cuda.stream(self.stream):
+            self.meta.copy_(staging[:2], non_blocking=True)
+            self.tokens_in[0, :n].copy_(staging[2 : 2 + n], non_blocking=True)
+            self._run(self._prefill_name(self.bucket_for(n), greedy))
+            event = self.events[PREFILL_SLOT]
+            event.record(self.stream)
+        return event
+
+    def decode(self, parity: int, greedy: bool) -> torch.cuda.Event:
+        with torch.cuda.stream(self.stream):
+            self._run(self._decode_name(parity, greedy))
+            event = self.events[parity]
+            event.record(self.stream)
+        return event
+
+    def generate(
+        self, prompt_ids: list[int], greedy: bool, budget: int
+    ) -> Iterator[tuple[int, float]]:
+        """Yield (token, logprob) for up to budget tokens. Step n+1 is launched before
+        token n is yielded (it is already on the device), so whatever the caller does
+        with token n overlaps the GPU's work; breaking out wastes at most that one step."""
+        pending = collections.deque([(self.prefill(prompt_ids, greedy), PREFILL_SLOT)])
+        launched, parity = 1, 0
+        while pending:
+            if launched < budget and len(pending) < 2:
+                pending.append((self.decode(parity, greedy), parity))
+                launched, parity = launched + 1, parity ^ 1
+            event, slot = pending.popleft()
+            event.synchronize()  # waits with the GIL released
+            yield self.read(slot)
+
+    def read(self, slot: int) -> tuple[int, float]:
+        """The token and its log-probability from a slot whose event has completed."""
+        return int(self.out_token[slot]), float(self.out_logprob[slot])
