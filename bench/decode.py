@@ -158,6 +158,15 @@ def profile_decode_step(runner) -> dict[str, float]:  # type: ignore[no-untyped-
         if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name
     ]
     kernel_us = sum(e.device_time_total for e in kernels) / steps
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.device_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    breakdown = [
+        {"kernel": k, "per_step": len(v) / steps, "us_per_step": sum(v) / steps} for k, v in top
+    ]
+    for b in breakdown:
+        print(f"  {b['us_per_step']:9.1f} us  x{b['per_step']:5.1f}  {b['kernel']}", flush=True)
     fills = sum(1 for e in kernels if "fill" in e.name.lower()) / steps  # pos.fill_ of this harness
     replay_us = float("nan")
     if graph is not None:

@@ -47,7 +47,8 @@ PROMPT = list(b"def fibonacci(n):\n    if n < 2:\n        return n\n")
 
 @pytest.fixture(scope="module")
 def engines(model_dir: Path):
-    graphs = start(model_dir)
+    # Same kernel choices in both (no timing-based tuning), so only the graphs differ.
+    graphs = start(model_dir, tune_kernels=False)
     eager = start(model_dir, use_graphs=False, tune_kernels=False)
     yield graphs, eager
     graphs.stop()

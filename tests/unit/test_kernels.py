@@ -132,9 +132,9 @@ def test_model_on_triton_ops_matches_torch_ops(name: str, tmp_path) -> None:  # 
     from .hf_models import save_hf_model
 
     save_hf_model(name, tmp_path)
-    ref_model = load_model(tmp_path)
+    ref_model = load_model(tmp_path, device=DEVICE)
     ref_model.setup_cache(64)
-    fast = load_model(tmp_path)
+    fast = load_model(tmp_path, device=DEVICE)
     fast.setup_cache(64)
     fast.ops = TritonOps()
     swap_in_gemv(fast, tune=False)
@@ -142,11 +142,12 @@ def test_model_on_triton_ops_matches_torch_ops(name: str, tmp_path) -> None:  # 
     attend = decode_attend_fn(
         DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 64, DEVICE)
     )
-    ids = torch.randint(0, cfg.vocab_size, (1, 9))
+    ids = torch.randint(0, cfg.vocab_size, (1, 9), device=DEVICE)
+    positions = torch.arange(9, device=DEVICE)
     with torch.no_grad():
-        expected = ref_model(ids, torch.arange(9), 9)
-        got = fast(ids[:, :6], torch.arange(6), attend=fresh_prefill_attention)
+        expected = ref_model(ids, positions, 9)
+        got = fast(ids[:, :6], positions[:6], attend=fresh_prefill_attention)
         assert rel_err(got, expected[:, :6]) < 1e-5
         for i in range(6, 9):
-            step = fast(ids[:, i : i + 1], torch.tensor([i]), attend=attend)
+            step = fast(ids[:, i : i + 1], positions[i : i + 1], attend=attend)
             assert rel_err(step[0, 0], expected[0, i]) < 1e-5
