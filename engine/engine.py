@@ -26,6 +26,7 @@ from nib.engine.config import ModelConfig
 from nib.engine.errors import EngineUnavailable, InvalidRequest, QueueFull
 from nib.engine.loader import load_model
 from nib.engine.model import Transformer
+from nib.engine.prefix_cache import PrefixCache
 from nib.engine.request import (
     DoneEvent,
     Event,
@@ -59,6 +60,8 @@ class EngineConfig:
     default_max_tokens: int = 64
     max_queue: int = 64
     use_graphs: bool = True  # CUDA graphs on a GPU (off: the same kernels, launched eagerly)
+    prefix_cache_entries: int = 4  # sequences whose KV is kept for reuse (0: no reuse)
+    prefix_cache_bytes: int = 2 << 30  # budget for stashed copies of those sequences
     tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
 
     @property
@@ -109,6 +112,7 @@ class _Job:
     params: GenerationParams
     sink: Sink
     handle: Handle
+    session: str = ""
     arrival: float = field(default_factory=time.perf_counter)
 
 
@@ -125,6 +129,9 @@ class Engine:
         self.model: Transformer | None = None
         self.runner: GraphRunner | None = None
         self.gemv_choices: dict[tuple[int, int], str] = {}
+        self.prefix: PrefixCache | None = None
+        self.prompt_tokens_reused = 0  # counters for metrics
+        self.prompt_tokens_computed = 0
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=config.max_queue)
@@ -196,7 +203,12 @@ class Engine:
         return ids
 
     def submit(
-        self, prompt_ids: list[int], params: GenerationParams, sink: Sink, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        sink: Sink,
+        request_id: str,
+        session: str = "",
     ) -> Handle:
         """Queue a request; events go to sink from the engine thread."""
         if self.failure is not None or (self._stopping and not self.ready.is_set()):
@@ -209,7 +221,7 @@ class Engine:
             )
         handle = Handle(request_id)
         try:
-            self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle))
+            self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle, session))
         except queue.Full:
             raise QueueFull(f"{self.config.max_queue} requests are already waiting") from None
         return handle
@@ -224,6 +236,11 @@ class Engine:
             if self.device.type == "cuda":
                 self._setup_gpu()
             self._warm_up()
+            if self.config.prefix_cache_entries > 0:
+                caches = [layer.attention.cache for layer in self.model.layers]
+                self.prefix = PrefixCache(
+                    caches, self.config.prefix_cache_entries, self.config.prefix_cache_bytes
+                )
             log.info("engine ready in %.2fs", time.perf_counter() - started)
             self.ready.set()
         except BaseException as exc:
@@ -299,20 +316,34 @@ class Engine:
             usage = Usage(prompt_tokens=len(job.prompt_ids))
             self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
             return
-        out = _Output(self, job, queue_ms)
-        budget = min(job.params.max_tokens, self.max_context - len(job.prompt_ids))
-        if self.runner is not None:
-            self._decode_gpu(job, out, budget)
-        else:
-            self._decode_cpu(job, out, budget)
+        n = len(job.prompt_ids)
+        start = self.prefix.acquire(job.session, job.prompt_ids) if self.prefix else 0
+        if start and self.runner is not None and self.runner.chunk_for(start, n) is None:
+            start = 0  # too many new tokens for a chunk graph: a full prefill is faster
+        self.prompt_tokens_reused += start
+        self.prompt_tokens_computed += n - start
+        out = _Output(self, job, queue_ms, start)
+        budget = min(job.params.max_tokens, self.max_context - n)
+        try:
+            if self.runner is not None:
+                self._decode_gpu(job, out, budget, start)
+            else:
+                self._decode_cpu(job, out, budget, start)
+        except BaseException:
+            if self.prefix:
+                self.prefix.invalidate()
+            raise
+        if self.prefix:
+            # Valid keys/values: the prompt and every generated token fed back as input.
+            self.prefix.commit(job.session, job.prompt_ids + out.token_ids[:-1])
         out.done()
 
-    def _decode_cpu(self, job: _Job, out: _Output, budget: int) -> None:
+    def _decode_cpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
         assert self.model is not None
         model, n = self.model, len(job.prompt_ids)
         sampler = Sampler(job.params, self.device)
-        ids = torch.tensor([job.prompt_ids], dtype=torch.long, device=self.device)
-        logits = model(ids, torch.arange(n, device=self.device), n, last_only=True)
+        ids = torch.tensor([job.prompt_ids[start:]], dtype=torch.long, device=self.device)
+        logits = model(ids, torch.arange(start, n, device=self.device), n, last_only=True)
         for step in range(budget):
             row = logits[0, -1].float()
             token = sampler(row)
@@ -323,7 +354,7 @@ class Engine:
             pos = n + step
             logits = model(token.view(1, 1), torch.tensor([pos], device=self.device), pos + 1)
 
-    def _decode_gpu(self, job: _Job, out: _Output, budget: int) -> None:
+    def _decode_gpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
         """The runner launches step n+1 before handing over token n, so detokenising,
         stop checks and streaming overlap the GPU's work (see GraphRunner.generate)."""
         runner, params = self.runner, job.params
@@ -333,7 +364,7 @@ class Engine:
                 params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
             )
             runner.sampler.set_request(params, seed)
-        for token_id, logprob in runner.generate(job.prompt_ids, params.greedy, budget):
+        for token_id, logprob in runner.generate(job.prompt_ids, params.greedy, budget, start):
             if not out.token(token_id, logprob):
                 return
 
@@ -342,8 +373,9 @@ class _Output:
     """Turns sampled token ids into events: detokenising, stop strings, EOS,
     cancellation, timings. token() returns False when generation must end."""
 
-    def __init__(self, engine: Engine, job: _Job, queue_ms: float) -> None:
-        self.engine, self.job, self.queue_ms = engine, job, queue_ms
+    def __init__(self, engine: Engine, job: _Job, queue_ms: float, cached: int) -> None:
+        self.engine, self.job, self.queue_ms, self.cached = engine, job, queue_ms, cached
+        self.token_ids: list[int] = []
         self.detok = IncrementalDetokenizer(engine.tokenizer, job.prompt_ids)
         self.stops = StopMatcher(job.params.stop)
         self.stamps: list[float] = []
@@ -356,6 +388,7 @@ class _Output:
             self.finish = FinishReason.END_OF_TEXT
             return False
         self.completion += 1
+        self.token_ids.append(token_id)
         text, stop = self.stops.feed(self.detok.push(token_id))
         self.stamps.append(time.perf_counter())
         lp = (logprob,) if job.params.logprobs else ()
@@ -384,5 +417,5 @@ class _Output:
             total_ms=(end - job.arrival) * 1e3,
             inter_token_ms=tuple((b - a) * 1e3 for a, b in itertools.pairwise(stamps)),
         )
-        usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=self.completion)
+        usage = Usage(len(job.prompt_ids), self.completion, cached_prompt_tokens=self.cached)
         self.engine._emit(job, DoneEvent(self.finish, usage, timings, stop=self.stop_hit))

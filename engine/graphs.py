@@ -7,6 +7,9 @@ each step writes its token into. Graphs:
 
 - prefill-<B>-{greedy,sample}: a prompt padded to bucket B, from position 0;
   samples the first token into slot 2.
+- chunk-<T>-{greedy,sample}: T new tokens after a reused prefix of device
+  length p0 (prefix reuse); attention is the split-K decode kernel with one
+  query per token, so only the filled cache is read.
 - decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
   slots, so the host can read step n while step n+1 already runs.
 
@@ -34,6 +37,9 @@ from nib.engine.ops import fresh_prefill_attention
 log = logging.getLogger("nib.engine")
 
 PREFILL_SLOT = 2
+
+
+CHUNK_BUCKETS = (4, 8, 16, 32, 64, 128)
 
 
 def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:
@@ -73,7 +79,8 @@ class GraphRunner:
         biggest = self.buckets[-1]
         self.tokens_in = torch.zeros((1, biggest), dtype=torch.long, device=device)
         self.positions = torch.arange(biggest, device=device)
-        self.meta = torch.zeros(2, dtype=torch.long, device=device)  # [n_prompt, n_prompt - 1]
+        # [n_prompt, index of the last prompt token in the step's input, reused prefix p0]
+        self.meta = torch.zeros(3, dtype=torch.long, device=device)
         self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.sampler = DeviceSampler(cfg.vocab_size, device)
@@ -81,9 +88,15 @@ class GraphRunner:
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device
         )
         self._decode_attend = decode_attend_fn(self.attention)
+        self.chunk_buckets = tuple(b for b in CHUNK_BUCKETS if b < max_context)
+        self.chunk_attention = DecodeAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device,
+            max_queries=max(self.chunk_buckets, default=1),
+        )  # fmt: skip
+        self._chunk_attend = decode_attend_fn(self.chunk_attention)
         self.out_token = torch.zeros(3, dtype=torch.long).pin_memory()
         self.out_logprob = torch.zeros(3, dtype=torch.float32).pin_memory()
-        self._staging = torch.zeros(biggest + 2, dtype=torch.long).pin_memory()
+        self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
         self.last_logits = torch.zeros(cfg.vocab_size, device=device)
         self.stream = torch.cuda.Stream(device)
@@ -95,6 +108,9 @@ class GraphRunner:
         for b in self.buckets:
             for greedy in (True, False):
                 self.bodies[self._prefill_name(b, greedy)] = partial(self._prefill_body, b, greedy)
+        for b in self.chunk_buckets:
+            for greedy in (True, False):
+                self.bodies[self._chunk_name(b, greedy)] = partial(self._chunk_body, b, greedy)
         for greedy in (True, False):
             for parity in (0, 1):
                 self.bodies[self._decode_name(parity, greedy)] = partial(
@@ -108,6 +124,10 @@ class GraphRunner:
     @staticmethod
     def _prefill_name(bucket: int, greedy: bool) -> str:
         return f"prefill-{bucket}-{'greedy' if greedy else 'sample'}"
+
+    @staticmethod
+    def _chunk_name(bucket: int, greedy: bool) -> str:
+        return f"chunk-{bucket}-{'greedy' if greedy else 'sample'}"
 
     @staticmethod
     def _decode_name(parity: int, greedy: bool) -> str:
@@ -129,6 +149,16 @@ class GraphRunner:
             self.positions[:bucket],
             gather_index=self.meta[1:2],
             attend=fresh_prefill_attention,
+        )
+        self.pos.copy_(self.meta[0:1])
+        self._finish(logits, greedy, PREFILL_SLOT)
+
+    def _chunk_body(self, bucket: int, greedy: bool) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket] + self.meta[2:3],
+            gather_index=self.meta[1:2],
+            attend=self._chunk_attend,
         )
         self.pos.copy_(self.meta[0:1])
         self._finish(logits, greedy, PREFILL_SLOT)
@@ -172,7 +202,7 @@ class GraphRunner:
             state.capture_ms = (time.perf_counter() - started) * 1e3
 
     def _load_dummy_prompt(self) -> None:
-        self.meta.copy_(torch.tensor([8, 7]))
+        self.meta.copy_(torch.tensor([12, 3, 8]))
         self.pos.fill_(8)
         self.sampler.set_request_defaults()
 
@@ -191,15 +221,31 @@ class GraphRunner:
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def prefill(self, prompt_ids: list[int], greedy: bool) -> torch.cuda.Event:
+    def chunk_for(self, start: int, n: int) -> int | None:
+        """The chunk bucket for prompt tokens [start, n), or None for a full prefill."""
+        new = n - start
+        for b in self.chunk_buckets:
+            if b >= new:
+                return b if start + b <= self.positions.numel() else None
+        return None
+
+    def prefill(self, prompt_ids: list[int], greedy: bool, start: int = 0) -> torch.cuda.Event:
+        """Prefill prompt_ids; the cache already holds valid keys/values for [0, start)."""
         n = len(prompt_ids)
+        chunk = self.chunk_for(start, n) if start > 0 else None
+        if chunk is None:
+            start = 0
+        new = prompt_ids[start:]
         staging = self._staging
-        staging[0], staging[1] = n, n - 1
-        staging[2 : 2 + n] = torch.tensor(prompt_ids, dtype=torch.long)
+        staging[0], staging[1], staging[2] = n, len(new) - 1, start
+        staging[3 : 3 + len(new)] = torch.tensor(new, dtype=torch.long)
         with torch.cuda.stream(self.stream):
-            self.meta.copy_(staging[:2], non_blocking=True)
-            self.tokens_in[0, :n].copy_(staging[2 : 2 + n], non_blocking=True)
-            self._run(self._prefill_name(self.bucket_for(n), greedy))
+            self.meta.copy_(staging[:3], non_blocking=True)
+            self.tokens_in[0, : len(new)].copy_(staging[3 : 3 + len(new)], non_blocking=True)
+            if chunk is None:
+                self._run(self._prefill_name(self.bucket_for(n), greedy))
+            else:
+                self._run(self._chunk_name(chunk, greedy))
             event = self.events[PREFILL_SLOT]
             event.record(self.stream)
         return event
@@ -212,12 +258,12 @@ class GraphRunner:
         return event
 
     def generate(
-        self, prompt_ids: list[int], greedy: bool, budget: int
+        self, prompt_ids: list[int], greedy: bool, budget: int, start: int = 0
     ) -> Iterator[tuple[int, float]]:
         """Yield (token, logprob) for up to budget tokens. Step n+1 is launched before
         token n is yielded (it is already on the device), so whatever the caller does
         with token n overlaps the GPU's work; breaking out wastes at most that one step."""
-        pending = collections.deque([(self.prefill(prompt_ids, greedy), PREFILL_SLOT)])
+        pending = collections.deque([(self.prefill(prompt_ids, greedy, start), PREFILL_SLOT)])
         launched, parity = 1, 0
         while pending:
             if launched < budget and len(pending) < 2:

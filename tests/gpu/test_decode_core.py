@@ -190,3 +190,25 @@ def test_capture_failure_falls_back_to_eager_and_keeps_serving(
         assert engine.runner.fallbacks["decode-greedy-1"] >= 9
     finally:
         engine.stop()
+
+
+def test_prefix_reuse_on_the_gpu_matches_cold_prefill(model_dir: Path) -> None:
+    """Chunk graphs after a reused prefix give the tokens a cold prefill gives (fp32, so
+    the two attention kernels agree to rounding), and fewer prompt tokens are computed."""
+    warm = start(model_dir, dtype="float32", tune_kernels=False)
+    cold = start(model_dir, dtype="float32", tune_kernels=False, prefix_cache_entries=0)
+    try:
+        text = list(b"def parse(line):\n    fields = line.split(',')\n    return fields[0]\n" * 3)
+        cached = []
+        for cut in (60, 75, 90, 131, len(text)):
+            ids = text[:cut]
+            a, done = generate(warm, ids, GenerationParams(max_tokens=24))
+            b, _ = generate(cold, ids, GenerationParams(max_tokens=24))
+            assert a == b, cut
+            cached.append(done.usage.cached_prompt_tokens)
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+        assert not warm.runner.fallbacks
+        assert warm.prompt_tokens_computed < cold.prompt_tokens_computed
+    finally:
+        warm.stop()
+        cold.stop()

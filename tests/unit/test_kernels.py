@@ -97,6 +97,24 @@ def test_decode_attention_reads_only_the_filled_cache(
     assert rel_err(out, ref.decode_attention_ref(q, k, v, length)) < tol(dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_multi_query_attention_is_causal_per_query(dtype: torch.dtype) -> None:
+    """T new tokens after a cached prefix: query t sees [0, start + t] (a chunk prefill
+    or a speculative verify step); equals running each query as its own decode step."""
+    heads, kv_heads, dim, s, start, t = 6, 2, 64, 256, 37, 9
+    k = torch.randn(1, kv_heads, s, dim, dtype=dtype, device=DEVICE)
+    v = torch.randn(1, kv_heads, s, dim, dtype=dtype, device=DEVICE)
+    k[:, :, start + t :] = float("nan")
+    v[:, :, start + t :] = float("nan")
+    q = torch.randn(1, heads, t, dim, dtype=dtype, device=DEVICE)
+    attn = DecodeAttention(heads, kv_heads, dim, s, DEVICE, max_queries=16)
+    positions = torch.arange(start, start + t, device=DEVICE)
+    out = attn(q, k, v, positions)
+    for i in range(t):
+        expected = ref.decode_attention_ref(q[:, :, i : i + 1], k, v, start + i + 1)
+        assert rel_err(out[:, :, i : i + 1], expected) < tol(dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(100, 256), (384, 640), (7, 1024)])
 @pytest.mark.parametrize("bias", [False, True])
