@@ -24,6 +24,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         check_shape(name or "Int4Linear", weight.out_features, weight.in_features)
         self.name = name
+        self.method = "rtn"  # how the codes were made (rtn | gptq), for model-info
         self.in_features = weight.in_features
         self.out_features = weight.out_features
         # The one repack after loading: codes -> the layout the kernels read.
