@@ -185,3 +185,38 @@ def int4_linear(
     b16 = None if bias is None else bias.to(torch.float16)
     out = run(x16, qweight, scales, b16, choose(x16.shape[0], qweight.shape[0], x16.shape[1]))
     return out.to(x.dtype).view(*shape[:-1], qweight.shape[0])
+
+
+def candidates(m: int) -> list[KernelConfig]:
+    """The configurations bench/int4_linear.py tries for a shape (kept short: each compiles)."""
+    if m == 1:
+        return [
+            KernelConfig("gemv", 1, 4, 2, 1, 4, 2, True),
+            KernelConfig("gemv", 1, 8, 2, 1, 4, 2, True),
+            KernelConfig("gemv", 1, 16, 1, 1, 4, 2, True),
+            KernelConfig("gemv", 1, 8, 4, 1, 8, 2, True),
+            KernelConfig("gemv", 1, 4, 2, 4, 4, 2, True),
+            KernelConfig("gemv", 1, 8, 2, 1, 4, 2, False),
+            KernelConfig("mma", 16, 32, 1, 1, 4, 2, True),
+        ]
+    if m <= 4:
+        return [
+            KernelConfig("gemv", 4, 8, 2, 1, 4, 2, True),
+            KernelConfig("gemv", 4, 4, 2, 1, 4, 2, True),
+            KernelConfig("mma", 16, 32, 1, 1, 4, 2, True),
+            KernelConfig("mma", 16, 64, 1, 1, 4, 3, True),
+            KernelConfig("mma", 16, 32, 1, 4, 4, 2, True),
+        ]
+    if m <= 16:
+        return [
+            KernelConfig("mma", 16, 32, 1, 1, 4, 2, True),
+            KernelConfig("mma", 16, 64, 1, 1, 4, 3, True),
+            KernelConfig("mma", 16, 128, 1, 1, 8, 3, True),
+            KernelConfig("mma", 16, 32, 1, 4, 4, 2, True),
+            KernelConfig("mma", 16, 64, 1, 1, 4, 3, False),
+        ]
+    return [
+        KernelConfig("dequant"),
+        KernelConfig("mma", 64, 128, 1, 1, 8, 3, True),
+        KernelConfig("mma", 128, 128, 1, 1, 8, 3, True),
+    ]
