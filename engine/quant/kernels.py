@@ -13,12 +13,15 @@ table (tuned.json beside this file, written by bench/int4_linear.py
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger("nib.engine")
 
 TUNED_FILE = Path(__file__).resolve().parent / "tuned.json"
 MAX_SPLIT_K = 16
@@ -175,6 +178,19 @@ def run(
     return out
 
 
+# A configuration that failed to compile or launch here -> the one used instead.
+_FALLBACK: dict[KernelConfig, KernelConfig] = {}
+
+
+def _fallbacks(config: KernelConfig) -> list[KernelConfig]:
+    """What to try if config fails on this GPU: the pure-Triton dequant, then dequant + cuBLAS."""
+    out = [config]
+    if config.asm and config.path != "dequant":
+        out.append(KernelConfig(**{**asdict(config), "asm": False}))
+    out.append(KernelConfig("dequant", asm=False))
+    return out
+
+
 def int4_linear(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -183,7 +199,21 @@ def int4_linear(
     x2 = x.reshape(-1, shape[-1])
     x16 = x2.to(torch.float16).contiguous()
     b16 = None if bias is None else bias.to(torch.float16)
-    out = run(x16, qweight, scales, b16, choose(x16.shape[0], qweight.shape[0], x16.shape[1]))
+    chosen = choose(x16.shape[0], qweight.shape[0], x16.shape[1])
+    config = _FALLBACK.get(chosen, chosen)
+    for i, candidate in enumerate(_fallbacks(config)):
+        try:
+            out = run(x16, qweight, scales, b16, candidate)
+        except Exception:
+            if i == len(_fallbacks(config)) - 1 or torch.cuda.is_current_stream_capturing():
+                raise
+            log.warning(
+                "INT4 kernel %s failed here; trying the next path", candidate.label(), exc_info=True
+            )
+            continue
+        if candidate != config:
+            _FALLBACK[chosen] = candidate
+        break
     return out.to(x.dtype).view(*shape[:-1], qweight.shape[0])
 
 
