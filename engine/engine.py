@@ -27,6 +27,8 @@ from nib.engine.errors import EngineUnavailable, InvalidRequest, QueueFull
 from nib.engine.loader import load_model
 from nib.engine.model import Transformer
 from nib.engine.prefix_cache import PrefixCache
+from nib.engine.quant.gptq_format import read_gptq_config
+from nib.engine.quant.swap import describe
 from nib.engine.request import (
     DoneEvent,
     Event,
@@ -63,11 +65,20 @@ class EngineConfig:
     prefix_cache_entries: int = 4  # sequences whose KV is kept for reuse (0: no reuse)
     prefix_cache_bytes: int = 2 << 30  # budget for stashed copies of those sequences
     tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
+    quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
+
+    @property
+    def int4(self) -> bool:
+        return self.quant == "int4" or (
+            self.quant == "auto" and read_gptq_config(self.model_dir) is not None
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.float32 if self.device == "cpu" else torch.bfloat16
+            if self.device == "cpu":
+                return torch.float32
+            return torch.float16 if self.int4 else torch.bfloat16  # INT4 kernels take fp16
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
         return _DTYPES[self.dtype]
@@ -170,7 +181,7 @@ class Engine:
             vocab_size=cfg.vocab_size,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
-            quantization="none",
+            quantization="none" if self.model is None else describe(self.model),
             max_tokens_limit=self.config.max_tokens_limit,
             supports_infill=self.tokenizer.fim is not None,
             graphs=tuple(
@@ -231,7 +242,12 @@ class Engine:
     def _run(self) -> None:
         try:
             started = time.perf_counter()
-            self.model = load_model(self.config.model_dir, dtype=self.dtype, device=self.device)
+            self.model = load_model(
+                self.config.model_dir,
+                dtype=self.dtype,
+                device=self.device,
+                quant=self.config.quant,
+            )
             self.model.setup_cache(self.max_context)
             if self.device.type == "cuda":
                 self._setup_gpu()

@@ -1,7 +1,7 @@
-"""The `nib` command: serve, complete, health.
+"""The `nib` command: serve, quantize, complete, health.
 
-Client commands (complete, health) need only the base install; `nib serve`
-needs the server extra (`pip install 'nib[server]'`) and imports it lazily.
+Client commands (complete, health) need only the base install; `nib serve` and
+`nib quantize` need the server extra (`pip install 'nib[server]'`) and import it lazily.
 """
 
 from __future__ import annotations
@@ -88,10 +88,25 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return serve_main(argv)
 
 
+def cmd_quantize(argv: Sequence[str]) -> int:
+    try:
+        from nib.engine.quant.cli import main as quantize_main
+    except ImportError as exc:
+        print(
+            f"nib quantize needs the server extra: pip install 'nib[server]' ({exc})",
+            file=sys.stderr,
+        )
+        return 2
+    return quantize_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nib", description="Streaming code completions.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="serve a model over gRPC (needs nib[server])", add_help=False)
+    sub.add_parser(
+        "quantize", help="GPTQ-quantise a model to INT4 (needs nib[server])", add_help=False
+    )
 
     p = sub.add_parser("complete", help="stream a completion to the terminal")
     p.add_argument("prompt", help="text to complete (the prefix, with --suffix)")
@@ -117,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return cmd_serve(argv[1:])
+    if argv and argv[0] == "quantize":
+        return cmd_quantize(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
