@@ -62,7 +62,15 @@ SHAPES: dict[str, dict[str, object]] = {
         tie_word_embeddings=True,
     ),
 }
-IMPLS = ("nib-eager", "nib-graphs", "hf-eager", "hf-static-compile")
+IMPLS = (
+    "nib-eager",
+    "nib-graphs",
+    "nib-int4-graphs",
+    "hf-eager",
+    "hf-static-compile",
+    "torch-int4-compile",
+)
+LONG_IMPLS = ("nib-graphs", "nib-int4-graphs")  # also measured at --long-prompt
 
 
 def build_hf(shape: str) -> torch.nn.Module:
@@ -81,13 +89,58 @@ def build_hf(shape: str) -> torch.nn.Module:
     return model.eval()
 
 
-def build_nib(hf: torch.nn.Module) -> torch.nn.Module:
-    from nib.engine.config import ModelConfig
+def build_nib(hf: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     from nib.engine.loader import build_model
 
     cfg = ModelConfig.from_hf(hf.config.to_dict())
     state = hf.state_dict()
-    return build_model(cfg, {n: (lambda t=t: t) for n, t in state.items()}, torch.bfloat16, "cuda")
+    return build_model(cfg, {n: (lambda t=t: t) for n, t in state.items()}, dtype, "cuda")
+
+
+def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.Module:
+    """nib's GPU model: fused glue ops, tuned GEMV (16-bit) or RTN INT4 linears (fp16)."""
+    from nib.engine.kernels.gemv import swap_in_gemv
+    from nib.engine.ops import TritonOps
+
+    model = build_nib(hf, torch.float16 if int4 else torch.bfloat16)
+    model.setup_cache(max_context)
+    model.ops = TritonOps()
+    if int4:
+        from nib.engine.quant.swap import quantize_model
+
+        quantize_model(model)
+    print(f"gemv choices {swap_in_gemv(model)}", flush=True)
+    return model
+
+
+def run_torch_int4(hf: torch.nn.Module, prompt: list[int], new: int, reps: int) -> dict[str, float]:
+    from torch_int4 import compiled_decode_step, prefill, swap_torch_int4
+
+    model = build_nib(hf, torch.bfloat16)
+    model.setup_cache(len(prompt) + new + 16)
+    swap_torch_int4(model)
+    step = compiled_decode_step(model)
+    ids = torch.tensor([prompt], device="cuda")
+    started = time.perf_counter()
+    results = []
+    for rep in range(reps + 2):  # two warm-up runs compile and capture
+        torch.cuda.synchronize()
+        stamps: list[float] = []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            token = prefill(model, ids)
+            stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
+            for i in range(new - 1):
+                token = step(token.view(1, 1), torch.tensor([len(prompt) + i], device="cuda"))
+                stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
+        if rep >= 2:
+            results.append(summarise(stamps, start))
+        elif rep == 1:
+            warm_s = time.perf_counter() - started
+    row = _median_row(results)
+    row["warmup_s"] = warm_s
+    del model, step
+    return row
 
 
 def bytes_per_token(cfg, context: int, weight_bytes: float = 2.0) -> int:  # type: ignore[no-untyped-def]
@@ -231,38 +284,39 @@ def _median_row(results: list[tuple[float, float, float]]) -> dict[str, float]:
 
 
 def bench_shape(
-    shape: str, impls: list[str], prompt: list[int], new: int, reps: int, bandwidth: float
-) -> list[dict[str, object]]:
+    shape: str, impls: list[str], prompt: list[int], new: int, reps: int, bandwidth: float,
+    long_prompt: list[int],
+) -> list[dict[str, object]]:  # fmt: skip
     hf = build_hf(shape)
     cfg = ModelConfig.from_hf(hf.config.to_dict())
-    nbytes = bytes_per_token(cfg, len(prompt) + new // 2)
-    floor = nbytes / (bandwidth * 1e9) * 1e3
-    nib_model = None
     rows: list[dict[str, object]] = []
     for impl in impls:
+        int4 = "int4" in impl
+        runs = [prompt] + ([long_prompt] if impl in LONG_IMPLS and long_prompt else [])
         if impl.startswith("nib"):
-            if nib_model is None:
-                from nib.engine.kernels.gemv import swap_in_gemv
-                from nib.engine.ops import TritonOps
-
-                nib_model = build_nib(hf)
-                nib_model.setup_cache(len(prompt) + new + 16)
-                nib_model.ops = TritonOps()
-                print(f"{shape}: gemv choices {swap_in_gemv(nib_model)}", flush=True)
-            row = run_nib(nib_model, impl == "nib-graphs", prompt, new, reps)
-        else:
-            row = run_hf(hf, impl == "hf-static-compile", prompt, new, reps)
-        full = {
-            "shape": shape,
-            "impl": impl,
-            "context": len(prompt) + new,
-            **row,
-            "bytes_per_token": nbytes,
-            "floor_ms": floor,
-            "fraction_of_floor": floor / row["ms_per_token_median"],
-        }
-        rows.append(full)
-        print(json.dumps(full), flush=True)
+            model = prepare_nib(hf, int4, max(len(p) for p in runs) + new + 16)
+        for p in runs:
+            if impl.startswith("nib"):
+                row = run_nib(model, impl != "nib-eager", p, new, reps)
+            elif impl == "torch-int4-compile":
+                row = run_torch_int4(hf, p, new, reps)
+            else:
+                row = run_hf(hf, impl == "hf-static-compile", p, new, reps)
+            nbytes = bytes_per_token(cfg, len(p) + new // 2, 0.5 + 2 / 128 if int4 else 2.0)
+            floor = nbytes / (bandwidth * 1e9) * 1e3
+            full = {
+                "shape": shape,
+                "impl": impl,
+                "context": len(p) + new,
+                **row,
+                "bytes_per_token": nbytes,
+                "floor_ms": floor,
+                "fraction_of_floor": floor / row["ms_per_token_median"],
+            }
+            rows.append(full)
+            print(json.dumps(full), flush=True)
+        if impl.startswith("nib"):
+            del model
         gc.collect()
         torch.cuda.empty_cache()
     return rows
@@ -277,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--long-prompt", type=int, default=3968, help="nib graph rows also here (0: skip)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -287,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     for shape in args.shapes.split(","):
         prompt = torch.randint(0, 256, (args.prompt,), generator=gen).tolist()
-        rows += bench_shape(shape, args.impls.split(","), prompt, args.new, args.reps, bandwidth)
+        long_prompt = torch.randint(0, 256, (args.long_prompt,), generator=gen).tolist()
+        rows += bench_shape(
+            shape, args.impls.split(","), prompt, args.new, args.reps, bandwidth, long_prompt
+        )
         (args.out / "partial-decode.json").write_text(json.dumps(rows, indent=2) + "\n")
         gc.collect()
         torch.cuda.empty_cache()

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbps, write_readme_table
+
 from nib.engine.quant import kernels
 from nib.engine.quant.layout import pack
 
@@ -38,23 +41,6 @@ MS = (1, 4, 16)
 ROTATE_BYTES = 512 << 20  # >> 60 MiB of L2
 CALLS = 40  # per graph
 BUDGET_S = 200.0  # stop trying extra nib configurations past this
-README = Path(__file__).resolve().parent / "README.md"
-BEGIN, END = "<!-- int4-linear:begin -->", "<!-- int4-linear:end -->"
-
-
-def copy_bandwidth_gbps() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    return 2 * (1 << 30) / statistics.median(times[2:]) / 1e9
 
 
 def time_in_graph(fns: list) -> float:
@@ -192,16 +178,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(table: str) -> None:
-    text = README.read_text() if README.is_file() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{table}{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    README.write_text(text)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -250,7 +226,11 @@ def main() -> int:
     path.write_text(json.dumps(result, indent=1) + "\n")
     table = markdown(result)
     if not args.no_readme:
-        write_readme(table)
+        caption = (
+            f"{result['device']}, torch {result['torch']}, {date}, copy bandwidth {bw:.0f} GB/s, "
+            f"`{result['command']}`"
+        )
+        write_readme_table("int4-linear", caption, table.rstrip("\n").split("\n"))
     if args.write_tuned:
         kernels.TUNED_FILE.write_text(kernels.tuned_entries_json(tuned))
     summary(result, path, time.monotonic() - started)

@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu-out}"
 mkdir -p "$out"
-export PYTHONPATH="$(bash tools/nib_pythonpath.sh)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$(python3 tools/devtree.py)${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 python3 -m pytest -p no:cacheprovider -o addopts="" -q -s --junitxml="$out/int4-gpu-tests.xml" \
     tests/gpu/test_int4_kernels.py tests/gpu/test_int4_quality.py 2>&1 | tee "$out/int4-gpu-tests.log"
