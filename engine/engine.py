@@ -40,6 +40,7 @@ from nib.engine.request import (
     Usage,
 )
 from nib.engine.sampling import Sampler
+from nib.engine.speculative import Speculator, accept_greedy, accept_sampled
 from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class EngineConfig:
     prefix_cache_bytes: int = 2 << 30  # budget for stashed copies of those sequences
     tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
     quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
+    speculative_k: int = 6  # prompt-lookup draft tokens per verify step (0: off)
 
     @property
     def int4(self) -> bool:
@@ -143,6 +145,7 @@ class Engine:
         self.prefix: PrefixCache | None = None
         self.prompt_tokens_reused = 0  # counters for metrics
         self.prompt_tokens_computed = 0
+        self.speculation_stats = {"verifies": 0, "drafted": 0, "accepted": 0}
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=config.max_queue)
@@ -356,19 +359,51 @@ class Engine:
 
     def _decode_cpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
         assert self.model is not None
-        model, n = self.model, len(job.prompt_ids)
-        sampler = Sampler(job.params, self.device)
+        model, n, params = self.model, len(job.prompt_ids), job.params
+        sampler = Sampler(params, self.device)
+        spec = Speculator(self.config.speculative_k)
         ids = torch.tensor([job.prompt_ids[start:]], dtype=torch.long, device=self.device)
         logits = model(ids, torch.arange(start, n, device=self.device), n, last_only=True)
-        for step in range(budget):
-            row = logits[0, -1].float()
-            token = sampler(row)
-            token_id = int(token.item())
-            logprob = float(row.log_softmax(-1)[token_id]) if job.params.logprobs else 0.0
-            if not out.token(token_id, logprob) or step + 1 == budget:
-                return
-            pos = n + step
-            logits = model(token.view(1, 1), torch.tensor([pos], device=self.device), pos + 1)
+        row = logits[0, -1].float()
+        token_id = int(sampler(row))
+        history = [*job.prompt_ids, token_id]
+        if not out.token(token_id, self._logprob(row, token_id, params)):
+            return
+        pos, produced = n, 1  # token_id sits at pos, not yet fed to the model
+        try:
+            while produced < budget:
+                draft = spec.draft(history, budget - produced)
+                inputs = torch.tensor([[token_id, *draft]], device=self.device)
+                positions = torch.arange(pos, pos + 1 + len(draft), device=self.device)
+                rows = model(inputs, positions, pos + 1 + len(draft))[0].float()
+                if draft:
+                    if params.greedy:
+                        tokens = accept_greedy(rows.argmax(-1), draft)
+                    else:
+                        assert sampler.generator is not None
+                        tokens = accept_sampled(rows, draft, params, sampler.generator)
+                    spec.record(len(draft), len(tokens) - 1)
+                else:
+                    tokens = [int(sampler(rows[0]))]
+                for i, t in enumerate(tokens[: budget - produced]):
+                    produced += 1
+                    history.append(t)
+                    if not out.token(t, self._logprob(rows[i], t, params)):
+                        return
+                pos += len(tokens)
+                token_id = tokens[-1]
+        finally:
+            self._count_speculation(spec)
+
+    def _count_speculation(self, spec: Speculator) -> None:
+        stats = self.speculation_stats
+        stats["verifies"] += spec.verifies
+        stats["drafted"] += spec.drafted
+        stats["accepted"] += spec.accepted
+
+    @staticmethod
+    def _logprob(row: torch.Tensor, token_id: int, params: GenerationParams) -> float:
+        return float(row.log_softmax(-1)[token_id]) if params.logprobs else 0.0
 
     def _decode_gpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
         """The runner launches step n+1 before handing over token n, so detokenising,
@@ -380,9 +415,19 @@ class Engine:
                 params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
             )
             runner.sampler.set_request(params, seed)
-        for token_id, logprob in runner.generate(job.prompt_ids, params.greedy, budget, start):
-            if not out.token(token_id, logprob):
-                return
+        if params.greedy and self.config.speculative_k > 0:
+            spec = Speculator(self.config.speculative_k)
+            tokens = runner.generate_speculative(job.prompt_ids, budget, start, spec)
+        else:
+            spec = None  # sampling on the GPU decodes without drafts (see speculative.py)
+            tokens = runner.generate(job.prompt_ids, params.greedy, budget, start)
+        try:
+            for token_id, logprob in tokens:
+                if not out.token(token_id, logprob):
+                    return
+        finally:
+            if spec is not None:
+                self._count_speculation(spec)
 
 
 class _Output:

@@ -10,6 +10,8 @@ each step writes its token into. Graphs:
 - chunk-<T>-{greedy,sample}: T new tokens after a reused prefix of device
   length p0 (prefix reuse); attention is the split-K decode kernel with one
   query per token, so only the filled cache is read.
+- verify-<T>: the current token and T-1 drafted ones (speculative decoding);
+  writes every position's argmax and its log-probability.
 - decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
   slots, so the host can read step n while step n+1 already runs.
 
@@ -33,6 +35,7 @@ from nib.engine.graphs_common import decode_attend_fn
 from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.model import Transformer
 from nib.engine.ops import fresh_prefill_attention
+from nib.engine.speculative import Speculator, accept_greedy
 
 log = logging.getLogger("nib.engine")
 
@@ -40,6 +43,7 @@ PREFILL_SLOT = 2
 
 
 CHUNK_BUCKETS = (4, 8, 16, 32, 64, 128)
+VERIFY_BUCKETS = (4, 8)  # 1 current token + up to 7 drafted ones
 
 
 def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:
@@ -96,6 +100,11 @@ class GraphRunner:
         self._chunk_attend = decode_attend_fn(self.chunk_attention)
         self.out_token = torch.zeros(3, dtype=torch.long).pin_memory()
         self.out_logprob = torch.zeros(3, dtype=torch.float32).pin_memory()
+        self.verify_buckets = tuple(b for b in VERIFY_BUCKETS if b < max_context)
+        rows = max(self.verify_buckets, default=1)
+        self.out_rows = torch.zeros(rows, dtype=torch.long).pin_memory()
+        self.out_row_logprobs = torch.zeros(rows, dtype=torch.float32).pin_memory()
+        self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
         self.last_logits = torch.zeros(cfg.vocab_size, device=device)
@@ -111,6 +120,8 @@ class GraphRunner:
         for b in self.chunk_buckets:
             for greedy in (True, False):
                 self.bodies[self._chunk_name(b, greedy)] = partial(self._chunk_body, b, greedy)
+        for b in self.verify_buckets:
+            self.bodies[f"verify-{b}"] = partial(self._verify_body, b)
         for greedy in (True, False):
             for parity in (0, 1):
                 self.bodies[self._decode_name(parity, greedy)] = partial(
@@ -162,6 +173,17 @@ class GraphRunner:
         )
         self.pos.copy_(self.meta[0:1])
         self._finish(logits, greedy, PREFILL_SLOT)
+
+    def _verify_body(self, bucket: int) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket] + self.meta[2:3],
+            attend=self._chunk_attend,
+        )[0].float()
+        best = logits.argmax(dim=-1)
+        logprob = logits.gather(1, best[:, None])[:, 0] - logits.logsumexp(dim=-1)
+        self.out_rows[:bucket].copy_(best, non_blocking=True)
+        self.out_row_logprobs[:bucket].copy_(logprob, non_blocking=True)
 
     def _decode_body(self, parity: int, greedy: bool) -> None:
         logits = self.model(self.token, self.pos, attend=self._decode_attend)
@@ -263,15 +285,79 @@ class GraphRunner:
         """Yield (token, logprob) for up to budget tokens. Step n+1 is launched before
         token n is yielded (it is already on the device), so whatever the caller does
         with token n overlaps the GPU's work; breaking out wastes at most that one step."""
-        pending = collections.deque([(self.prefill(prompt_ids, greedy, start), PREFILL_SLOT)])
-        launched, parity = 1, 0
-        while pending:
-            if launched < budget and len(pending) < 2:
+        first = (self.prefill(prompt_ids, greedy, start), PREFILL_SLOT)
+        yield from self._pipeline([first], budget - 1, greedy)
+
+    def _pipeline(
+        self, pending_init: list[tuple[torch.cuda.Event, int]], steps: int, greedy: bool
+    ) -> Iterator[tuple[int, float]]:
+        """Decode `steps` tokens from the device state, one step in flight ahead."""
+        pending = collections.deque(pending_init)
+        launched, parity = 0, 0
+        while True:
+            while launched < steps and len(pending) < 2:
                 pending.append((self.decode(parity, greedy), parity))
                 launched, parity = launched + 1, parity ^ 1
+            if not pending:
+                return
             event, slot = pending.popleft()
             event.synchronize()  # waits with the GIL released
             yield self.read(slot)
+
+    def generate_speculative(
+        self, prompt_ids: list[int], budget: int, start: int, spec: Speculator
+    ) -> Iterator[tuple[int, float]]:
+        """Greedy decoding with prompt-lookup drafts verified in one graph replay; the
+        same tokens as generate(). Falls back to the pipelined loop once the drafts stop
+        paying (spec.enabled turns False)."""
+        self.prefill(prompt_ids, True, start).synchronize()
+        token, logprob = self.read(PREFILL_SLOT)
+        yield token, logprob
+        history, produced, pos = [*prompt_ids, token], 1, len(prompt_ids)
+        while produced < budget:
+            draft = spec.draft(history, budget - produced)
+            draft = draft[: max(self.verify_buckets, default=1) - 1]
+            if not draft:
+                if not spec.enabled:
+                    yield from self._pipeline([], budget - produced, True)
+                    return
+                self.decode(0, True).synchronize()
+                token, logprob = self.read(0)
+                produced, pos = produced + 1, pos + 1
+                history.append(token)
+                yield token, logprob
+                continue
+            bucket = next(b for b in self.verify_buckets if b > len(draft))
+            rows, row_logprobs = self._verify([token, *draft], pos, bucket)
+            accepted = accept_greedy(torch.tensor(rows), draft)
+            spec.record(len(draft), len(accepted) - 1)
+            token, pos = accepted[-1], pos + len(accepted)
+            self._set_state(token, pos)
+            for i, t in enumerate(accepted[: budget - produced]):
+                produced += 1
+                history.append(t)
+                yield t, row_logprobs[i]
+
+    def _verify(self, tokens: list[int], pos: int, bucket: int) -> tuple[list[int], list[float]]:
+        staging = self._staging
+        staging[0], staging[1], staging[2] = pos + len(tokens), len(tokens) - 1, pos
+        staging[3 : 3 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        with torch.cuda.stream(self.stream):
+            self.meta.copy_(staging[:3], non_blocking=True)
+            self.tokens_in[0, : len(tokens)].copy_(staging[3 : 3 + len(tokens)], non_blocking=True)
+            self._run(f"verify-{bucket}")
+            event = self.events[PREFILL_SLOT]
+            event.record(self.stream)
+        event.synchronize()
+        n = len(tokens)
+        return self.out_rows[:n].tolist(), self.out_row_logprobs[:n].tolist()
+
+    def _set_state(self, token: int, pos: int) -> None:
+        """The next decode step's input token and its position."""
+        self._state_staging[0], self._state_staging[1] = token, pos
+        with torch.cuda.stream(self.stream):
+            self.token.view(1).copy_(self._state_staging[0:1], non_blocking=True)
+            self.pos.copy_(self._state_staging[1:2], non_blocking=True)
 
     def read(self, slot: int) -> tuple[int, float]:
         """The token and its log-probability from a slot whose event has completed."""

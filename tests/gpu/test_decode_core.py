@@ -212,3 +212,25 @@ def test_prefix_reuse_on_the_gpu_matches_cold_prefill(model_dir: Path) -> None:
     finally:
         warm.stop()
         cold.stop()
+
+
+def test_speculative_decoding_on_the_gpu_gives_the_same_tokens(model_dir: Path) -> None:
+    """Verify graphs + prompt-lookup drafts: identical greedy output (fp32, so the M>1
+    verify matmuls and the M=1 decode GEMV agree to rounding), with drafts accepted."""
+    spec = start(
+        model_dir, dtype="float32", tune_kernels=False, speculative_k=6, prefix_cache_entries=0
+    )
+    plain = start(
+        model_dir, dtype="float32", tune_kernels=False, speculative_k=0, prefix_cache_entries=0
+    )
+    try:
+        for prompt in (PROMPT * 3, list(b"value = table[key]\nvalue = table[")):
+            a, _ = generate(spec, prompt, GenerationParams(max_tokens=80))
+            b, _ = generate(plain, prompt, GenerationParams(max_tokens=80))
+            assert a == b
+        assert spec.speculation_stats["verifies"] > 0
+        assert spec.speculation_stats["accepted"] > 0
+        assert not spec.runner.fallbacks
+    finally:
+        spec.stop()
+        plain.stop()
