@@ -3,30 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-
-@dataclass(frozen=True)
-class FimTemplate:
-    """Special tokens of one fill-in-the-middle convention (prefix-suffix-middle order)."""
-
-    name: str
-    prefix: str
-    suffix: str
-    middle: str
-    file_sep: str | None = None  # token that introduces a file path, where the family has one
-
-
-# Checked in order; the first whose three tokens are all in the vocabulary wins.
-FIM_TEMPLATES = (
-    FimTemplate("nib", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"),
-    FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>"),
-    FimTemplate("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-    FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>"),
-)
+from nib.engine.fim import detect
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<eos>")
 
@@ -48,14 +29,11 @@ class Tokenizer:
         if not eos:
             eos = {i for t in EOS_CANDIDATES if (i := self._tok.token_to_id(t)) is not None}
         self.eos_token_ids = frozenset(eos)
-        self.fim = next(
-            (
-                t
-                for t in FIM_TEMPLATES
-                if all(self._tok.token_to_id(s) is not None for s in (t.prefix, t.suffix, t.middle))
-            ),
-            None,
-        )
+        self.fim = detect(self._tok.token_to_id)
+        if self.fim is not None and self.fim.end is not None:
+            end = self._tok.token_to_id(self.fim.end)
+            if end is not None:  # the family ends an infill with its own token
+                self.eos_token_ids = frozenset({*self.eos_token_ids, end})
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
@@ -72,17 +50,10 @@ class Tokenizer:
         return int(i)
 
     def encode_infill(self, prefix: str, suffix: str, path: str = "") -> list[int]:
-        """Prompt ids for generating what goes between prefix and suffix (PSM order)."""
+        """Prompt ids for generating what goes between prefix and suffix (see fim.py)."""
         if self.fim is None:
             raise ValueError("this model's tokenizer has no fill-in-the-middle tokens")
-        t = self.fim
-        ids: list[int] = []
-        if path and t.file_sep is not None and self._tok.token_to_id(t.file_sep) is not None:
-            ids += [self.token_id(t.file_sep), *self.encode(path + "\n")]
-        ids += [self.token_id(t.prefix), *self.encode(prefix)]
-        ids += [self.token_id(t.suffix), *self.encode(suffix)]
-        ids += [self.token_id(t.middle)]
-        return ids
+        return self.fim.build(self.encode, self._tok.token_to_id, prefix, suffix, path)
 
 
 class IncrementalDetokenizer:

@@ -73,7 +73,7 @@ def test_infill_prompt_uses_fim_tokens(tmp_path_factory) -> None:  # type: ignor
     tok = _tokenizer(tmp_path_factory)
     ids = tok.encode_infill("def f(", "):\n    pass")
     fim = tok.fim
-    assert fim is not None and fim.name == "nib"
+    assert fim is not None and fim.family == "qwen2.5-coder"
     assert ids[0] == tok.token_id(fim.prefix)
     assert ids[-1] == tok.token_id(fim.middle)
     assert tok.token_id(fim.suffix) in ids
