@@ -6,6 +6,8 @@ Keys:
   warmup_delay_s=S             warm-up takes S seconds longer (health stays NOT_SERVING)
   step_delay_s=S               every decode step takes S seconds longer (a slow engine)
   engine_crash_after_tokens=N  the engine thread dies after its N-th generated token
+  request_error_after_tokens=N a request fails (an exception in the engine) after N tokens;
+                               the engine goes on serving
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ class InjectedCrash(BaseException):
     engine's per-request error handling does not catch it)."""
 
 
+class InjectedRequestError(RuntimeError):
+    """Fails the one request being generated, as a bug in a kernel might."""
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     warmup_delay_s: float = 0.0
     step_delay_s: float = 0.0
     engine_crash_after_tokens: int = 0  # 0: off
+    request_error_after_tokens: int = 0  # 0: off
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
@@ -50,5 +57,7 @@ class FaultPlan:
                 time.sleep(self.step_delay_s)
             if 0 < self.engine_crash_after_tokens <= generated:
                 raise InjectedCrash(f"injected crash after {generated} tokens of {request_id}")
+            if 0 < self.request_error_after_tokens <= generated:
+                raise InjectedRequestError(f"injected error after {generated} tokens")
 
         return EngineHooks(on_state=on_state, before_ready=before_ready, before_step=before_step)

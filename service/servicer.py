@@ -20,6 +20,7 @@ from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
 SESSION_ID_HEADER = "nib-session-id"
+log = structlog.get_logger("nib.service")
 
 
 def cancel_cause(context: grpc.aio.ServicerContext) -> CancelCause:
@@ -40,6 +41,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
         tracked = await self.ledger.open(request, Caller("Complete", current_tenant()))
         rid = tracked.request_id
         structlog.contextvars.bind_contextvars(request_id=rid)
+        log.debug("admitted", prompt_tokens=tracked.completion.prompt_tokens)
         try:
             async for event in tracked.events():
                 if isinstance(event, DoneEvent):
@@ -61,6 +63,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
     ) -> AsyncIterator[pb.SessionResponse]:
         session_id = uuid.uuid4().hex[:16]
         structlog.contextvars.bind_contextvars(session=session_id)
+        log.debug("session opened")
         await context.send_initial_metadata(((SESSION_ID_HEADER, session_id),))
         session = SessionStream(self.ledger, Caller("Session", current_tenant(), session_id))
         self.ledger.sessions.add(session)

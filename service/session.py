@@ -28,6 +28,8 @@ from nib.service.errors import code_number, status_for
 from nib.service.ledger import Caller, CancelCause, Ledger, Tracked
 from nib.v1 import completion_pb2 as pb
 
+log = structlog.get_logger("nib.service")
+
 
 class End(enum.Enum):
     """Items on `out` that end the stream instead of being sent."""
@@ -95,12 +97,15 @@ class SessionStream:
 
     def _cancel(self, request_id: str) -> None:
         rid = request_id or self.latest
-        if rid is not None and rid in self.running:
-            self.running[rid].tracked.cancel("request")
+        running = self.running.get(rid or "")
+        log.debug("cancel received", target=rid, running=running is not None)
+        if running is not None:
+            running.tracked.cancel("request")
 
     async def _pump(self, tracked: Tracked) -> None:
         # A task of its own, hence a context of its own: bind without resetting.
         structlog.contextvars.bind_contextvars(request_id=tracked.request_id)
+        log.debug("admitted", prompt_tokens=tracked.completion.prompt_tokens)
         rid = tracked.request_id
         try:
             async for event in tracked.events():
