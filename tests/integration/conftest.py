@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def start_server(
     env: dict[str, str] | None = None,
     metrics: bool = False,
     wait_serving: bool = True,
-    health_client: Callable[[str], Client] = Client,
+    health_client: Callable[[str], Any] = Client,
 ) -> ServerProcess:
     """Start `nib serve` on a free port; return once health is SERVING (or, with
     wait_serving=False, once health answers at all)."""
