@@ -11,9 +11,11 @@ the engine took to let go of it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import statistics
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,6 +38,10 @@ log = structlog.get_logger("nib.service")
 CancelCause = Literal["request", "superseded", "client_gone", "deadline", "shutdown"]
 # How long a reaper waits for the engine to end a request nobody reads any more.
 REAP_TIMEOUT_S = 60.0
+# Threads that tokenise prompts off the event loop: a fixed number, started up front,
+# so that tokenising never competes with more than this much of the engine's CPU and
+# the server's thread count does not drift with load.
+TOKENIZER_THREADS = 2
 SHUTDOWN_MESSAGE = "server is shutting down: generation cancelled at the end of the drain period"
 
 
@@ -125,6 +131,16 @@ class Ledger:
         self._reapers: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._tokenizer = concurrent.futures.ThreadPoolExecutor(
+            TOKENIZER_THREADS, thread_name_prefix="nib-tokenize"
+        )
+        started = threading.Barrier(TOKENIZER_THREADS + 1)
+        for _ in range(TOKENIZER_THREADS):
+            self._tokenizer.submit(started.wait)
+        started.wait()
+
+    def close(self) -> None:
+        self._tokenizer.shutdown(wait=False, cancel_futures=True)
 
     @property
     def inflight(self) -> int:
@@ -140,7 +156,10 @@ class Ledger:
                 raise EngineUnavailable("engine is warming up; watch health for SERVING")
             spec = convert.spec_from_pb(request, self.limits)
             request_id = spec.request_id
-            ids = await asyncio.to_thread(self.engine.encode_prompt, spec.prompt)
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(
+                self._tokenizer, self.engine.encode_prompt, spec.prompt
+            )
             completion = Completion(self.engine, ids, spec.params, spec.request_id)
         except EngineError as exc:
             self.rejected(request_id, caller, exc)

@@ -207,6 +207,7 @@ class NibServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follow
         await asyncio.to_thread(self.engine.stop)
+        self.ledger.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
         log.info("stopped")
