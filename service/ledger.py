@@ -17,7 +17,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -43,6 +43,11 @@ REAP_TIMEOUT_S = 60.0
 # the server's thread count does not drift with load.
 TOKENIZER_THREADS = 2
 SHUTDOWN_MESSAGE = "server is shutting down: generation cancelled at the end of the drain period"
+CAUSE_STATUS: dict[str, grpc.StatusCode] = {
+    "client_gone": grpc.StatusCode.CANCELLED,
+    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "shutdown": grpc.StatusCode.UNAVAILABLE,
+}
 
 
 @dataclass(frozen=True)
@@ -146,8 +151,15 @@ class Ledger:
     def inflight(self) -> int:
         return len(self._open)
 
-    async def open(self, request: pb.CompleteRequest, caller: Caller) -> Tracked:
-        """Admit a completion; EngineError (recorded as a rejection) if it cannot run."""
+    async def open(
+        self,
+        request: pb.CompleteRequest,
+        caller: Caller,
+        why_cancelled: Callable[[], CancelCause] = lambda: "client_gone",
+    ) -> Tracked:
+        """Admit a completion; EngineError (recorded as a rejection) if it cannot run.
+        If the call ends while the prompt is being tokenised, that is recorded too,
+        with the status `why_cancelled()` names."""
         request_id = request.request_id
         try:
             if self.draining:
@@ -162,7 +174,14 @@ class Ledger:
             )
             completion = Completion(self.engine, ids, spec.params, spec.request_id)
         except EngineError as exc:
-            self.rejected(request_id, caller, exc)
+            self.rejected(request_id, caller, status_for(exc), str(exc))
+            raise
+        except asyncio.CancelledError:
+            cause = why_cancelled()
+            message = f"the call ended ({cause}) before the request was admitted"
+            self.rejected(
+                request_id, caller, CAUSE_STATUS.get(cause, grpc.StatusCode.CANCELLED), message
+            )
             raise
         tracked = Tracked(self, completion, caller)
         self._open.add(tracked)
@@ -170,8 +189,10 @@ class Ledger:
         self.metrics.inflight.set(len(self._open))
         return tracked
 
-    def rejected(self, request_id: str, caller: Caller, exc: EngineError) -> None:
-        code = status_for(exc)
+    def rejected(
+        self, request_id: str, caller: Caller, code: grpc.StatusCode, message: str
+    ) -> None:
+        """The record of a request that never ran."""
         self.metrics.requests.labels(caller.method, caller.tenant, code.name).inc()
         log.info(
             "request",
@@ -180,7 +201,7 @@ class Ledger:
             method=caller.method,
             tenant=caller.tenant,
             code=code.name,
-            error=str(exc),
+            error=message,
         )
 
     def record(self, t: Tracked) -> None:

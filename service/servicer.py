@@ -38,7 +38,9 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompleteResponse]:
-        tracked = await self.ledger.open(request, Caller("Complete", current_tenant()))
+        tracked = await self.ledger.open(
+            request, Caller("Complete", current_tenant()), lambda: cancel_cause(context)
+        )
         rid = tracked.request_id
         structlog.contextvars.bind_contextvars(request_id=rid)
         log.debug("admitted", prompt_tokens=tracked.completion.prompt_tokens)
@@ -84,7 +86,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
                 assert isinstance(item, pb.SessionResponse)
                 yield item
         except asyncio.CancelledError:
-            cause = cancel_cause(context)
+            cause = session.cause = cancel_cause(context)
             raise
         finally:
             self.ledger.sessions.discard(session)

@@ -52,6 +52,7 @@ class SessionStream:
         self.running: dict[str, _Running] = {}
         self.latest: str | None = None
         self.draining = False
+        self.cause: CancelCause = "client_gone"  # why the stream ended, if gRPC ended it
 
     async def read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
         try:
@@ -75,13 +76,12 @@ class SessionStream:
         for running in self.running.values():
             running.tracked.cancel("superseded")
         if request.request_id in self.running:
-            self._reject(
-                request.request_id,
-                InvalidRequest("request_id", "is already used by a running completion"),
-            )
+            exc = InvalidRequest("request_id", "is already used by a running completion")
+            self.ledger.rejected(request.request_id, self.caller, status_for(exc), str(exc))
+            self._reject(request.request_id, exc)
             return
         try:
-            tracked = await self.ledger.open(request, self.caller)
+            tracked = await self.ledger.open(request, self.caller, lambda: self.cause)
         except EngineError as exc:
             self._reject(request.request_id, exc)
             return
