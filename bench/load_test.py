@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,7 +50,7 @@ class Tally:
     tokens: int = 0
     # Requests that ended on the client's side (its own cancel, its deadline) before any
     # answer came: the server may never have read them, so it may not count them.
-    unconfirmed: int = 0
+    unconfirmed: list[str] = field(default_factory=list)
 
     def end(self, rid: str, outcome: str) -> None:
         if rid in self.outcomes:
@@ -137,7 +138,7 @@ async def run_session(
             tally.end(rid, f"status:{exc.code().name}")
             tally.streams[f"ended:{exc.code().name}"] += 1
             if not answered and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                tally.unconfirmed += 1
+                tally.unconfirmed.append(rid)
         return
 
     run = SessionRun(stub, tally, name)
@@ -169,7 +170,8 @@ async def run_session(
         tally.streams["ended:CANCELLED"] += 1
         for rid in run.open:
             tally.end(rid, "status:CANCELLED")
-            tally.unconfirmed += rid not in run.answered
+            if rid not in run.answered:
+                tally.unconfirmed.append(rid)
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
@@ -275,7 +277,7 @@ async def main_async(args: argparse.Namespace, server: ServerProcess | None) -> 
         print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     after = await settle(metrics_url)
     sent = sum(len(t.outcomes) for t in tallies)
-    unconfirmed = sum(t.unconfirmed for t in tallies)
+    unconfirmed = sum(len(t.unconfirmed) for t in tallies)
     violations = [v for t in tallies for v in t.violations]
     server_requests = total(after, "nib_requests_total") - total(before, "nib_requests_total")
     checks = {
@@ -303,6 +305,7 @@ async def main_async(args: argparse.Namespace, server: ServerProcess | None) -> 
         "requests": sent,
         "server_requests": server_requests,
         "unconfirmed": unconfirmed,
+        "unconfirmed_ids": [rid for t in tallies for rid in t.unconfirmed],
         "violations": violations[:20],
         "checks": checks,
         "ok": all(checks.values()),
@@ -326,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rss-growth-mb", type=float, default=64.0)
     p.add_argument("--thread-slack", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--server-log", type=Path, help="keep the log of the server it starts here")
     args = p.parse_args(argv)
     if args.address and not args.metrics_url:
         p.error("--address needs --metrics-url (the checks read the server's metrics)")
@@ -336,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if server is not None:
                 report_exit = server.stop()
+                if args.server_log:
+                    shutil.copy(server.log, args.server_log)
         if server is not None:
             report["server_exit_code"] = report_exit
             report["checks"]["server exited cleanly on SIGTERM"] = report_exit == 0  # type: ignore[index]

@@ -14,7 +14,8 @@ import pytest
 from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
-from .conftest import ServerProcess, start_server, stop_server
+from .conftest import ServerProcess, start_server, stop_server, wait_for
+from .metrics_util import parse, value
 
 STEP_DELAY_S = 0.02  # every decode step takes at least this long on the tight server
 
@@ -31,6 +32,7 @@ def tight_server(
         "--max-queue",
         "1",
         env={"NIB_FAULT_INJECTION": f"step_delay_s={STEP_DELAY_S}"},
+        metrics=True,
     )
     yield proc
     stop_server(proc)
@@ -90,8 +92,8 @@ def test_full_queue_is_resource_exhausted(tight_server: ServerProcess) -> None:
         running = stub.Complete(pb.CompleteRequest(prompt="a", max_tokens=1000), timeout=60)
         first_delta(running)  # the engine runs it: the queue is empty
         waiting = stub.Complete(pb.CompleteRequest(prompt="b", max_tokens=1000), timeout=60)
-        # The second one waits in the queue (its first message will take ~20 s).
-        time.sleep(0.5)
+        # The second one waits in the queue (its first message would take ~20 s).
+        wait_for(lambda: value(parse(tight_server.metrics()), "nib_queue_depth") == 1, 10, "queued")
         code, details = status_of(
             stub.Complete(pb.CompleteRequest(prompt="c", max_tokens=5), timeout=30)
         )
