@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import statistics
@@ -248,7 +249,14 @@ async def main_async(args: argparse.Namespace, server: ServerProcess | None) -> 
     address = args.address or (server.address if server else "")
     metrics_url = args.metrics_url or (server.metrics_url if server else "")
     await wait_serving(address)
+    machine = {
+        "cpus": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "grpcio": grpc.__version__,
+        "python": sys.version.split()[0],
+    }
     before = await settle(metrics_url)
+    at_start = server.proc_stats() if server else {}
     rounds: list[dict[str, object]] = []
     tallies: list[Tally] = []
     for n in range(args.rounds):
@@ -300,7 +308,14 @@ async def main_async(args: argparse.Namespace, server: ServerProcess | None) -> 
             int(last["threads"]) <= int(base["threads"]) + args.thread_slack  # type: ignore[call-overload]
         )
     return {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine,
+        "server": "started by this script (random-init test model)"
+        if server and not args.model
+        else str(args.model or args.address),
+        "max_queue": args.max_queue if server else None,
         "sessions": args.sessions,
+        "server_at_start": at_start,
         "rounds": rounds,
         "requests": sent,
         "server_requests": server_requests,

@@ -69,6 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     log = structlog.get_logger("nib.service")
+    for flag, value, low in (
+        ("--max-queue", args.max_queue, 1),
+        ("--max-message-bytes", args.max_message_bytes, 1024),
+        ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 1),
+        ("--grace", args.grace, 0),
+    ):
+        if value < low:
+            parser.error(f"{flag} is {value}; must be at least {low}")
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:

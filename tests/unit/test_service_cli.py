@@ -33,3 +33,19 @@ def test_bad_key_file_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["--api-key-file", str(tmp_path / "missing")])
     assert "No such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-queue", "0", "--max-queue is 0; must be at least 1"),
+        ("--max-message-bytes", "10", "--max-message-bytes is 10; must be at least 1024"),
+        ("--grace", "-1", "--grace is -1.0; must be at least 0"),
+    ],
+)
+def test_limits_are_checked(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([flag, value])
+    assert message in capsys.readouterr().err
