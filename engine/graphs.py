@@ -73,6 +73,7 @@ class GraphRunner:
         buckets: tuple[int, ...] | None = None,
         use_graphs: bool = True,
         keep_logits: bool = False,
+        on_fallback: Callable[[str], None] | None = None,
     ) -> None:
         cfg = model.cfg
         device = model.tok_embeddings.weight.device
@@ -107,6 +108,7 @@ class GraphRunner:
         self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
+        self.on_fallback = on_fallback  # told each time a shape runs eagerly for want of a graph
         self.last_logits = torch.zeros(cfg.vocab_size, device=device)
         self.stream = torch.cuda.Stream(device)
         self.events = [torch.cuda.Event() for _ in range(3)]
@@ -237,6 +239,8 @@ class GraphRunner:
             return
         if self.use_graphs:
             self.fallbacks[name] = self.fallbacks.get(name, 0) + 1
+            if self.on_fallback is not None:
+                self.on_fallback(name)
         with torch.inference_mode():
             self.bodies[name]()
 

@@ -83,10 +83,13 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Holds back text that could still become a stop string; finds the first stop.
+    """Finds the stop string that starts first in the generated text, and holds
+    back text that could still be the start of one.
 
-    feed() returns (text safe to emit, matched stop or None). After a match the
-    text before the stop is returned and the rest dropped.
+    feed() returns (text safe to emit, matched stop or None); after a match the
+    text before the stop has been returned and the rest is dropped. A stop that
+    has completed is only reported once no other stop could still complete at
+    an earlier position; at the end of generation flush() settles that.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
@@ -96,21 +99,28 @@ class StopMatcher:
     def feed(self, text: str) -> tuple[str, str | None]:
         if not self._stops:
             return text, None
-        buf = self._pending + text
-        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
-        if hits:
-            index, stop = min(hits)
-            self._pending = ""
-            return buf[:index], stop
-        hold = 0
-        for s in self._stops:
-            for k in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        self._pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold], None
+        return self._scan(self._pending + text, final=False)
 
-    def flush(self) -> str:
-        text, self._pending = self._pending, ""
-        return text
+    def flush(self) -> tuple[str, str | None]:
+        """At the end of generation: the held-back text, cut at a stop if one is in it."""
+        return self._scan(self._pending, final=True)
+
+    def _scan(self, buf: str, final: bool) -> tuple[str, str | None]:
+        hits = [(i, -len(s), s) for s in self._stops if (i := buf.find(s)) >= 0]
+        first = min(hits) if hits else None
+        end = first[0] if first else len(buf)
+        # The earliest position before `end` where a stop could still begin.
+        partial = None
+        if not final:
+            for j in range(max(0, len(buf) - max(map(len, self._stops)) + 1), end):
+                tail = buf[j:]
+                if any(len(s) > len(tail) and s.startswith(tail) for s in self._stops):
+                    partial = j
+                    break
+        if partial is not None:
+            self._pending = buf[partial:]
+            return buf[:partial], None
+        self._pending = ""
+        if first is not None:
+            return buf[: first[0]], first[2]
+        return buf, None
