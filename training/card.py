@@ -166,7 +166,7 @@ def render(metrics: dict[str, Any], manifest: dict[str, Any], samples: list[dict
         + (", stopped early by the deadline" if tr["stopped_by_deadline"] else "")
         + f". AdamW (β {tr['config']['beta1']}, {tr['config']['beta2']}, weight decay "
         f"{tr['config']['weight_decay']}), peak learning rate {tr['config']['lr']:g} with "
-        f"{tr['config']['warmup_fraction']:.0%} linear warmup and cosine decay to "
+        f"{tr['warmup_steps']:,} steps of linear warmup and cosine decay to "
         f"{tr['config']['min_lr_ratio']:g}×, gradient clipping at {tr['config']['grad_clip']}, "
         f"{'bf16 autocast' if metrics['device_type'] == 'cuda' else 'fp32'}, seed {metrics['seed']}.",
         "",
@@ -185,7 +185,8 @@ def render(metrics: dict[str, Any], manifest: dict[str, Any], samples: list[dict
             "with the lowest held-out loss"
             + (" (the last one)." if tr["selected_step"] == tr["steps"] else ".")
         ),
-        f"To repeat this schedule exactly, add `--steps {tr['planned_steps']}` to the command.",
+        f"To repeat this schedule exactly, add `--steps {tr['planned_steps']} --warmup-steps "
+        f"{tr['warmup_steps']}` to the command (on a host whose corpus has the same sha256).",
         "",
         "Exact command (the whole pipeline: corpus, tokenizer, training, evaluation, this card):",
         "",

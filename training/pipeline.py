@@ -145,6 +145,7 @@ def run(
         seconds=seconds,
         steps=args.steps,
         log=log,
+        warmup_steps=args.warmup_steps,
     )
     lap("train")
     assert result.model is not None

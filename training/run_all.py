@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--seed", type=int, default=None, help="override the preset's seed")
     p.add_argument("--steps", type=int, default=None, help="fixed step count (reproduces a run)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="fixed warmup (with --steps)")
     p.add_argument("--train-seconds", type=float, default=None, help="override the training time")
     p.add_argument("--max-corpus-mb", type=float, default=None, help="cap the corpus size")
     p.add_argument("--batch-size", type=int, default=None, help="override sequences per step")

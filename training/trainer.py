@@ -62,6 +62,7 @@ class TrainResult:
     model: LlamaForCausalLM | None
     steps: int
     planned_steps: int
+    warmup_steps: int
     tokens: int
     epochs: float
     seconds: float
@@ -74,6 +75,7 @@ class TrainResult:
         return {
             "steps": self.steps,
             "planned_steps": self.planned_steps,
+            "warmup_steps": self.warmup_steps,
             "tokens": self.tokens,
             "epochs": self.epochs,
             "seconds": self.seconds,
@@ -146,10 +148,12 @@ def train(
     seconds: float,
     steps: int | None = None,
     log: Callable[[str], None] = print,
+    warmup_steps: int | None = None,
 ) -> TrainResult:
     """Train for `steps` steps, or as many as fit in `seconds` (measured by a probe)."""
+    # The clock starts now: building the model includes CUDA's start-up, seconds on a cold GPU.
+    deadline = time.monotonic() + seconds
     torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -165,11 +169,13 @@ def train(
     held = ChunkSampler(heldout_stream, cfg.seq_len, held_batch, device, cfg.seed + 1)
     heldout_batches = [held.next_batch() for _ in range(cfg.eval_batches)]
     opt = _optimizer(model, cfg, device)
-    forward = torch.compile(model) if cfg.compile else model
+    forward: list[Callable[..., Any]] = [torch.compile(model) if cfg.compile else model]
 
-    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_of(
+        x: torch.Tensor, y: torch.Tensor, fn: Callable[..., Any] | None = None
+    ) -> torch.Tensor:
         with _autocast(device):
-            logits = forward(input_ids=x, use_cache=False).logits
+            logits = (fn or forward[0])(input_ids=x, use_cache=False).logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
     def sync() -> None:
@@ -179,16 +185,21 @@ def train(
     @torch.no_grad()
     def heldout_loss() -> float:
         model.eval()
-        total = sum(float(loss_of(x, y)) for x, y in heldout_batches)
+        # Eager even with --compile: an eval-mode graph would cost a second compilation.
+        total = sum(float(loss_of(x, y, model)) for x, y in heldout_batches)
         model.train()
         return total / len(heldout_batches)
 
-    started = time.monotonic()
-    deadline = started + seconds
     planned_by_time = steps is None
     if steps is None:
         # Forward + backward without updates on one batch: compiles, warms the kernels, times a step.
         x, y = sampler.first_batch()
+        if cfg.compile:
+            try:
+                loss_of(x, y).backward()
+            except Exception as exc:  # a failed compilation must not cost the run
+                log(f"torch.compile failed ({type(exc).__name__}: {exc}); training eagerly")
+                forward[0] = model
         times = []
         for _ in range(cfg.probe_steps):
             sync()
@@ -206,7 +217,7 @@ def train(
             f"tokens/s); planning {steps} steps"
         )
     # Warmup is fixed by the first plan; a re-plan while still warming up moves only the end.
-    warmup = max(1, int(cfg.warmup_fraction * steps))
+    warmup = warmup_steps or max(1, int(cfg.warmup_fraction * steps))
     replan_at = max(5, warmup // 2) if planned_by_time and max(5, warmup // 2) < steps else -1
     eval_every = max(1, steps // cfg.evals)
     curve: list[CurvePoint] = []
@@ -287,6 +298,7 @@ def train(
         model=model,
         steps=step,
         planned_steps=steps,
+        warmup_steps=warmup,
         tokens=tokens,
         epochs=tokens / train_stream.size,
         seconds=elapsed,
