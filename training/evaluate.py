@@ -109,20 +109,25 @@ def hf_logits_fn(model: torch.nn.Module) -> LogitsFn:
 def generate_samples(
     model_dir: Path, device: torch.device, max_new_tokens: int
 ) -> list[dict[str, Any]]:
-    """Three plain and two fill-in-the-middle greedy completions from the saved folder,
-    loaded by transformers in fp32 (the same weights and tokenizer files that ship)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Three plain and two fill-in-the-middle greedy completions, by transformers' generate
+    from the saved folder in fp32 (the same weights and tokenizer that ship). Prompts are
+    tokenised with `tokenizers` from tokenizer.json, as nib's engine does."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    eos = tok.convert_tokens_to_ids("<|endoftext|>")
 
     def special(s: str) -> list[int]:
-        return [int(tok.convert_tokens_to_ids(s))]
+        i = tok.token_to_id(s)
+        if i is None:
+            raise KeyError(f"tokenizer lacks {s}")
+        return [int(i)]
 
     def encode(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(tok.encode(text).ids)
 
+    eos = special("<|endoftext|>")[0]
     cases: list[dict[str, Any]] = [{"kind": "plain", "prompt": p} for p in PLAIN_PROMPTS]
     cases += [{"kind": "fim", "prefix": p, "suffix": s} for p, s in FIM_PROMPTS]
     for case in cases:
@@ -145,7 +150,24 @@ def generate_samples(
         finished = bool(new) and new[-1] == eos
         if finished:
             new = new[:-1]
+        case["prompt_ids"] = ids
         case["completion_ids"] = new
         case["completion"] = tok.decode(new, skip_special_tokens=False)
         case["stopped_at_end_of_text"] = finished
     return cases
+
+
+def autotokenizer_check(model_dir: Path) -> dict[str, Any]:
+    """Does transformers.AutoTokenizer load the folder and split text as tokenizer.json does?"""
+    try:
+        from tokenizers import Tokenizer
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(model_dir)
+        raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        same = all(
+            hf(p, add_special_tokens=False)["input_ids"] == raw.encode(p).ids for p in PLAIN_PROMPTS
+        )
+        return {"loads": True, "same_ids": same, "class": type(hf).__name__}
+    except Exception as exc:  # recorded, not fatal: the weights are still worth returning
+        return {"loads": False, "error": f"{type(exc).__name__}: {exc}"}

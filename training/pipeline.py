@@ -26,7 +26,7 @@ from training.bpe import (
 from training.checkpoint import save_model
 from training.corpus import build_corpus, sample_text
 from training.dataset import build_stream
-from training.evaluate import generate_samples, hf_logits_fn, stream_loss
+from training.evaluate import autotokenizer_check, generate_samples, hf_logits_fn, stream_loss
 from training.package import pack
 from training.presets import Preset
 from training.trainer import train
@@ -200,6 +200,8 @@ def run(
     failed = False
     try:
         metrics["evaluation"] = evaluate(preset, model_dir, heldout_stream, tok, device, log)
+        metrics["autotokenizer"] = autotokenizer_check(model_dir)
+        log(f"transformers.AutoTokenizer: {metrics['autotokenizer']}")
         samples = generate_samples(model_dir, device, preset.sample_tokens)
         _write_json(model_dir / "samples.json", samples)
         lap("evaluate")

@@ -1,10 +1,11 @@
 """Named run configurations: the H200 run that makes the shipped model, and the CPU smoke run.
 
 The H200 budget (run_all.py --budget-s 560 inside the GPU host's 600 s limit),
-as designed: start-up and imports ~10 s, corpus ~10 s, tokenizer ~15 s,
-pre-tokenising ~25 s, training everything left after `reserve_s`, then saving,
-evaluation, sample completions, card and packaging within `reserve_s` (~15 s
-measured need on a CPU-sized model; the rest is margin).
+as designed (estimates, not yet measured on the GPU host): start-up and imports
+~10 s, corpus ~10 s, tokenizer ~10 s, pre-tokenising ~25 s, training everything
+left after `reserve_s`, then saving, evaluation (~1.5M held-out tokens), five
+sample completions, card and packaging within `reserve_s` (expected ~10-15 s;
+the rest is margin).
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ def check_files(model_dir: Path) -> None:
     for s in samples:
         assert s["completion"] in card
     m = metrics(model_dir)
+    assert m["autotokenizer"]["loads"] and m["autotokenizer"]["same_ids"], m["autotokenizer"]
     assert f"{m['evaluation']['heldout']['perplexity']:.3f}" in card
     assert m["command"] in card
     manifest = json.loads((model_dir / "data_manifest.json").read_text())
