@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         "| shape | impl | ms/token (median) | p90 | TTFT ms | MB/token | floor ms | % of floor |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in result["rows"]:
         table.append(
             f"| {r['shape']} | {r['impl']} | {r['ms_per_token_median']:.3f} | {r['ms_per_token_p90']:.3f} | "
             f"{r['ttft_ms']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['floor_ms']:.3f} | "
