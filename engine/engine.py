@@ -29,6 +29,7 @@ import torch
 from nib.engine.config import ModelConfig
 from nib.engine.errors import EngineUnavailable, InvalidRequest, QueueFull
 from nib.engine.handle import Handle
+from nib.engine.healing import HealedText, HealPlan, TokenHealer
 from nib.engine.hooks import EngineHooks, EngineState
 from nib.engine.loader import load_model
 from nib.engine.model import Transformer
@@ -75,6 +76,7 @@ class EngineConfig:
     tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
     quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
     speculative_k: int = 6  # prompt-lookup draft tokens per verify step (0: off)
+    token_healing: bool = True  # re-choose the prompt's last token (see healing.py)
 
     @property
     def int4(self) -> bool:
@@ -131,6 +133,11 @@ class Engine:
             self.max_context = min(self.max_context, self.model_config.sliding_window)
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
+        self.healer = (
+            TokenHealer(self.tokenizer, self.model_config.vocab_size, self.tokenizer.special_ids())
+            if config.token_healing
+            else None
+        )
         self.model: Transformer | None = None
         self.runner: GraphRunner | None = None
         self.gemv_choices: dict[tuple[int, int], str] = {}
@@ -383,40 +390,52 @@ class Engine:
             usage = Usage(prompt_tokens=len(job.prompt_ids))
             self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
             return
-        n = len(job.prompt_ids)
-        start = self.prefix.acquire(job.session, job.prompt_ids) if self.prefix else 0
+        plan = self.healer.plan(job.prompt_ids) if self.healer else HealPlan(job.prompt_ids, "")
+        prompt = plan.prompt_ids
+        bias = self.healer.bias(plan.text, self.device) if self.healer and plan.text else None
+        n = len(prompt)
+        start = self.prefix.acquire(job.session, prompt) if self.prefix else 0
         if start and self.runner is not None and self.runner.chunk_for(start, n) is None:
             start = 0  # too many new tokens for a chunk graph: a full prefill is faster
         self.prompt_tokens_reused += start
         self.prompt_tokens_computed += n - start
         self.stats.requests += 1
         self.stats.prompt_tokens += n
-        out = _Output(self, job, queue_ms, start)
+        out = _Output(self, job, queue_ms, start, prompt, plan.text)
         budget = min(job.params.max_tokens, self.max_context - n)
         try:
             if self.runner is not None:
-                self._decode_gpu(job, out, budget, start)
+                self.runner.set_first_bias(bias)
+                self._decode_gpu(job, out, budget, start, prompt)
             else:
-                self._decode_cpu(job, out, budget, start)
+                self._decode_cpu(job, out, budget, start, prompt, bias)
         except BaseException:
             if self.prefix:
                 self.prefix.invalidate()
             raise
         if self.prefix:
             # Valid keys/values: the prompt and every generated token fed back as input.
-            self.prefix.commit(job.session, job.prompt_ids + out.token_ids[:-1])
+            self.prefix.commit(job.session, prompt + out.token_ids[:-1])
         out.done()
 
-    def _decode_cpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
+    def _decode_cpu(
+        self,
+        job: _Job,
+        out: _Output,
+        budget: int,
+        start: int,
+        prompt: list[int],
+        bias: torch.Tensor | None,
+    ) -> None:
         assert self.model is not None
-        model, n, params = self.model, len(job.prompt_ids), job.params
+        model, n, params = self.model, len(prompt), job.params
         sampler = Sampler(params, self.device)
         spec = Speculator(self.config.speculative_k)
-        ids = torch.tensor([job.prompt_ids[start:]], dtype=torch.long, device=self.device)
+        ids = torch.tensor([prompt[start:]], dtype=torch.long, device=self.device)
         logits = model(ids, torch.arange(start, n, device=self.device), n, last_only=True)
         row = logits[0, -1].float()
-        token_id = int(sampler(row))
-        history = [*job.prompt_ids, token_id]
+        token_id = int(sampler(row if bias is None else row + bias))
+        history = [*prompt, token_id]
         if not out.token(token_id, self._logprob(row, token_id, params)):
             return
         pos, produced = n, 1  # token_id sits at pos, not yet fed to the model
@@ -455,7 +474,9 @@ class Engine:
     def _logprob(row: torch.Tensor, token_id: int, params: GenerationParams) -> float:
         return float(row.log_softmax(-1)[token_id]) if params.logprobs else 0.0
 
-    def _decode_gpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
+    def _decode_gpu(
+        self, job: _Job, out: _Output, budget: int, start: int, prompt: list[int]
+    ) -> None:
         """The runner launches step n+1 before handing over token n, so detokenising,
         stop checks and streaming overlap the GPU's work (see GraphRunner.generate)."""
         runner, params = self.runner, job.params
@@ -467,10 +488,10 @@ class Engine:
             runner.set_sampling(params, seed)
         if params.greedy and self.config.speculative_k > 0:
             spec = Speculator(self.config.speculative_k)
-            tokens = runner.generate_speculative(job.prompt_ids, budget, start, spec)
+            tokens = runner.generate_speculative(prompt, budget, start, spec)
         else:
             spec = None  # sampling on the GPU decodes without drafts (see speculative.py)
-            tokens = runner.generate(job.prompt_ids, params.greedy, budget, start)
+            tokens = runner.generate(prompt, params.greedy, budget, start)
         try:
             for token_id, logprob in tokens:
                 if not out.token(token_id, logprob):
@@ -484,10 +505,19 @@ class _Output:
     """Turns sampled token ids into events: detokenising, stop strings, EOS,
     cancellation, timings. token() returns False when generation must end."""
 
-    def __init__(self, engine: Engine, job: _Job, queue_ms: float, cached: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        job: _Job,
+        queue_ms: float,
+        cached: int,
+        prompt: list[int],
+        healed: str,
+    ) -> None:
         self.engine, self.job, self.queue_ms, self.cached = engine, job, queue_ms, cached
         self.token_ids: list[int] = []
-        self.detok = IncrementalDetokenizer(engine.tokenizer, job.prompt_ids)
+        self.detok = IncrementalDetokenizer(engine.tokenizer, prompt)
+        self.healed = HealedText(healed)
         self.stops = StopMatcher(job.params.stop)
         self.stamps: list[float] = []
         self.completion = 0
@@ -501,7 +531,7 @@ class _Output:
         self.completion += 1
         self.engine.stats.generated_tokens += 1
         self.token_ids.append(token_id)
-        text, stop = self.stops.feed(self.detok.push(token_id))
+        text, stop = self.stops.feed(self.healed(self.detok.push(token_id)))
         self.stamps.append(time.perf_counter())
         lp = (logprob,) if job.params.logprobs else ()
         if not self.engine._emit(job, TokenEvent(text, (token_id,), lp)):

@@ -109,6 +109,9 @@ class GraphRunner:
         self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
+        # Added to the prefill's logits before the first token is chosen (token healing).
+        self.first_bias = torch.zeros(cfg.vocab_size, device=device)
+        self._first_bias_clear = True
         self.on_fallback = on_fallback  # told each time a shape runs eagerly for want of a graph
         self.last_logits = torch.zeros(cfg.vocab_size, device=device)
         self.stream = torch.cuda.Stream(device)
@@ -147,11 +150,14 @@ class GraphRunner:
     def _decode_name(parity: int, greedy: bool) -> str:
         return f"decode-{'greedy' if greedy else 'sample'}-{parity}"
 
-    def _finish(self, logits: torch.Tensor, greedy: bool, slot: int) -> None:
+    def _finish(
+        self, logits: torch.Tensor, greedy: bool, slot: int, bias: torch.Tensor | None = None
+    ) -> None:
         row = logits[0, 0].float()
         if self.keep_logits:
             self.last_logits.copy_(row)
-        token = DeviceSampler.greedy(row) if greedy else self.sampler.sample(row)
+        choose = row if bias is None else row + bias  # token healing restricts the first token
+        token = DeviceSampler.greedy(choose) if greedy else self.sampler.sample(choose)
         logprob = row.gather(0, token) - row.logsumexp(dim=0, keepdim=True)
         self.token.copy_(token.view(1, 1))
         self.out_token[slot : slot + 1].copy_(token, non_blocking=True)
@@ -165,7 +171,7 @@ class GraphRunner:
             attend=fresh_prefill_attention,
         )
         self.pos.copy_(self.meta[0:1])
-        self._finish(logits, greedy, PREFILL_SLOT)
+        self._finish(logits, greedy, PREFILL_SLOT, self.first_bias)
 
     def _chunk_body(self, bucket: int, greedy: bool) -> None:
         logits = self.model(
@@ -175,7 +181,7 @@ class GraphRunner:
             attend=self._chunk_attend,
         )
         self.pos.copy_(self.meta[0:1])
-        self._finish(logits, greedy, PREFILL_SLOT)
+        self._finish(logits, greedy, PREFILL_SLOT, self.first_bias)
 
     def _verify_body(self, bucket: int) -> None:
         logits = self.model(
@@ -249,6 +255,17 @@ class GraphRunner:
         """Load a request's sampling parameters, ordered before its prefill on our stream."""
         with torch.cuda.stream(self.stream):
             self.sampler.set_request(params, seed)
+
+    def set_first_bias(self, bias: torch.Tensor | None) -> None:
+        """Restrict the next prefill's token (None: no restriction), on our stream."""
+        if bias is None and self._first_bias_clear:
+            return
+        with torch.cuda.stream(self.stream):
+            if bias is None:
+                self.first_bias.zero_()
+            else:
+                self.first_bias.copy_(bias, non_blocking=True)
+        self._first_bias_clear = bias is None
 
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)

@@ -35,6 +35,10 @@ class Tokenizer:
             if end is not None:  # the family ends an infill with its own token
                 self.eos_token_ids = frozenset({*self.eos_token_ids, end})
 
+    def special_ids(self) -> set[int]:
+        """Ids of the tokenizer's special tokens (end-of-text, FIM markers, ...)."""
+        return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
         return ids

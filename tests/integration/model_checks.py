@@ -95,7 +95,8 @@ def nib_greedy(model_dir: Path, n: int) -> list[tuple[list[int], list[int]]]:
     from nib.engine.engine import Engine, EngineConfig
     from nib.engine.request import DoneEvent, Event, GenerationParams, Prompt, TokenEvent
 
-    engine = Engine(EngineConfig(model_dir=model_dir)).start()
+    # Plain greedy decoding, as transformers does it: no token healing.
+    engine = Engine(EngineConfig(model_dir=model_dir, token_healing=False)).start()
     try:
         assert engine.wait_ready(120), engine.failure
         prompts = [Prompt(text=p) for p in PLAIN_PROMPTS]

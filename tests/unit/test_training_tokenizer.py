@@ -65,6 +65,6 @@ def test_nib_engine_finds_the_fim_and_end_tokens(tok_dir: Path) -> None:
     from nib.engine.tokenizer import Tokenizer
 
     tok = Tokenizer(tok_dir)
-    assert tok.fim is not None and tok.fim.name == "nib"
+    assert tok.fim is not None and tok.fim.family == "qwen2.5-coder"
     assert tok.eos_token_ids == frozenset({0})
     assert tok.token_id(tok.fim.file_sep or "") == 4
