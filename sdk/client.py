@@ -232,4 +232,11 @@ class Client:
         self.close()
 
 
-__all__ = ["DEFAULT_ADDRESS", "SESSION_ID_HEADER", "Client", "CompletionStream", "NibError", "build_request"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "SESSION_ID_HEADER",
+    "Client",
+    "CompletionStream",
+    "NibError",
+    "build_request",
+]
