@@ -1,5 +1,6 @@
 """Three `nib serve` replicas behind a real Envoy (deploy/envoy/envoy.yaml, rendered with
-loopback addresses): session affinity, spread, and a replica killed under load.
+loopback addresses): session affinity, spread, and a replica killed under load; then two
+replicas, one of which loses its engine: outlier ejection and retries.
 
 Which replica served a completion is read from the replicas' own `request` log events
 (by request id) and cross-checked against their `nib_requests_total` metrics.
