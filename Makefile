@@ -55,6 +55,9 @@ lint: setup
 	$(PY) tools/gen_proto.py --check
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf breaking --against $(PROTO_RELEASED)
+	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/k8s/*.yaml
+	$(VENV)/bin/envoy --mode validate -c deploy/envoy/envoy.yaml -l warning
+	$(PY) deploy/envoy/render.py configmap --check
 
 proto: setup
 	$(PY) tools/gen_proto.py

@@ -15,6 +15,9 @@ from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+# Names the caller's editing session: the server keys its prompt-prefix cache by it and a
+# load balancer in front of several replicas (deploy/envoy) hashes it to pick the replica.
+SESSION_ID_HEADER = "nib-session-id"
 
 _FINISH_NAMES = {
     value: name.removeprefix("FINISH_REASON_").lower() for name, value in pb.FinishReason.items()
@@ -161,12 +164,16 @@ class Client:
         logprobs: bool = False,
         request_id: str | None = None,
         timeout: float | None = None,
+        session_id: str | None = None,
     ) -> CompletionStream:
         """Start a completion; iterate the result for text deltas.
 
         Give `prompt`, or `prefix` and `suffix` for fill-in-the-middle. 0 for
         max_tokens means the server's default; temperature 0 is greedy. See
         CompleteRequest in proto/nib/v1/completion.proto for every field.
+        Give the same `session_id` to every completion of one editing session:
+        they then reuse the server's cached prompt prefix and, behind a load
+        balancer, land on the same replica.
         """
         request = build_request(
             prompt,
@@ -183,7 +190,8 @@ class Client:
             logprobs=logprobs,
             request_id=request_id,
         )
-        call = self._stub.Complete(request, timeout=timeout or self.timeout)
+        metadata = ((SESSION_ID_HEADER, session_id),) if session_id else None
+        call = self._stub.Complete(request, timeout=timeout or self.timeout, metadata=metadata)
         return CompletionStream(call, request.request_id)
 
     def model_info(self) -> ModelInfo:
@@ -224,4 +232,11 @@ class Client:
         self.close()
 
 
-__all__ = ["DEFAULT_ADDRESS", "Client", "CompletionStream", "NibError", "build_request"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "SESSION_ID_HEADER",
+    "Client",
+    "CompletionStream",
+    "NibError",
+    "build_request",
+]
