@@ -23,6 +23,7 @@ linearly with N and so does the cost (one GPU each).
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 import math
 import re
@@ -45,11 +46,16 @@ def md1_wait_cdf(t: float, rate: float, service: float) -> float:
         return 0.0
     if t < 0:
         return 0.0
-    total = 0.0
-    for k in range(int(t // service) + 1):
-        x = rate * (t - k * service)
-        total += math.exp(x) * (-x) ** k / math.factorial(k)
-    return (1 - rho) * total
+    # The terms alternate in sign and grow like e^(lam t): sum them with 80 digits, or
+    # the cancellation eats every significant digit of a double once t >> D.
+    with decimal.localcontext() as ctx:
+        ctx.prec = 80
+        total = decimal.Decimal(0)
+        for k in range(int(t // service) + 1):
+            x = decimal.Decimal(rate) * (decimal.Decimal(t) - k * decimal.Decimal(service))
+            power = (-x) ** k if k else decimal.Decimal(1)
+            total += x.exp() * power / math.factorial(k)
+        return min(1.0, max(0.0, float((1 - decimal.Decimal(rho)) * total)))
 
 
 def md1_wait_quantile(q: float, rate: float, service: float) -> float:
@@ -115,7 +121,8 @@ def capacity(replica: Replica, tokens: int, budget_ms: float, per_minute: float)
 
 def load_replicas(path: Path = RESULTS) -> tuple[dict[str, object], list[Replica]]:
     data = json.loads(path.read_text())
-    rows = [r for r in data["rows"] if r["impl"] == IMPL]
+    context = data["prompt_tokens"] + data["new_tokens"]  # the standard rows (not the 4K ones)
+    rows = [r for r in data["rows"] if r["impl"] == IMPL and r["context"] == context]
     replicas = [
         Replica(r["shape"], r["ms_per_token_median"], r["ttft_ms"], data["prompt_tokens"])
         for r in rows

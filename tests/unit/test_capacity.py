@@ -68,7 +68,12 @@ def test_capacity_is_the_largest_load_within_budget(capacity: ModuleType) -> Non
 
 def test_replicas_come_from_the_measured_decode_rows(capacity: ModuleType) -> None:
     data = json.loads(capacity.RESULTS.read_text())
-    rows = {r["shape"]: r for r in data["rows"] if r["impl"] == "nib-graphs"}
+    context = data["prompt_tokens"] + data["new_tokens"]
+    rows = {
+        r["shape"]: r
+        for r in data["rows"]
+        if r["impl"] == "nib-graphs" and r["context"] == context
+    }
     _, replicas = capacity.load_replicas()
     assert {r.shape for r in replicas} == set(rows)
     for r in replicas:
