@@ -30,6 +30,12 @@ class Tokenizer:
             eos = {i for t in EOS_CANDIDATES if (i := self._tok.token_to_id(t)) is not None}
         self.eos_token_ids = frozenset(eos)
         self.fim = detect(self._tok.token_to_id)
+        if self.fim is not None:
+            # A FIM marker in the output means the model thinks the middle is over (small
+            # models often write <|fim_middle|> or <|file_sep|> instead of end-of-text).
+            markers = (self.fim.prefix, self.fim.suffix, self.fim.middle, self.fim.file_sep)
+            ids = {i for m in markers if m and (i := self._tok.token_to_id(m)) is not None}
+            self.eos_token_ids = frozenset({*self.eos_token_ids, *ids})
         if self.fim is not None and self.fim.end is not None:
             end = self._tok.token_to_id(self.fim.end)
             if end is not None:  # the family ends an infill with its own token
