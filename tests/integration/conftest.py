@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nib.sdk import Client, NibError
+from nib.sdk import AsyncClient, Client, NibError
 
 
 def free_port() -> int:
@@ -33,8 +34,10 @@ class ServerProcess:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_dir: Path | None, log: Path, *extra: str) -> ServerProcess:
-    port = free_port()
+def start_server(
+    model_dir: Path | None, log: Path, *extra: str, port: int | None = None
+) -> ServerProcess:
+    port = port or free_port()
     cmd = [sys.executable, "-m", "nib.sdk.cli", "serve", "--port", str(port), *extra]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]
@@ -65,6 +68,21 @@ def stop_server(server: ServerProcess) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
+
+
+# A cancel reaches the server when the next request starts within a few decode steps:
+# a generation that kept running would hold the (one-request-at-a-time) engine for minutes.
+def assert_engine_free(client: Client) -> None:
+    """The next request starts within a few decode steps: nothing runs on the engine."""
+    nxt = client.complete("y", max_tokens=4).result()
+    step_ms = statistics.median(nxt.timings.inter_token_ms)
+    assert nxt.timings.queue_ms < 20 * step_ms + 250, (nxt.timings, step_ms)
+
+
+async def assert_engine_free_async(client: AsyncClient) -> None:
+    nxt = await client.complete("y", max_tokens=4).result()
+    step_ms = statistics.median(nxt.timings.inter_token_ms)
+    assert nxt.timings.queue_ms < 20 * step_ms + 250, (nxt.timings, step_ms)
 
 
 @pytest.fixture(scope="session")
