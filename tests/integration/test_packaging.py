@@ -45,6 +45,7 @@ def test_wheel_contains_every_package_and_generated_stubs(wheel: Path) -> None:
         "nib/v1/completion.proto",
         "nib/sdk/client.py",
         "nib/sdk/py.typed",
+        "nib/sdk/aio_client.py",
         "nib/engine/model.py",
         "nib/service/server.py",
         "nib/bridge/__init__.py",
@@ -66,17 +67,31 @@ def test_base_install_has_no_torch_and_the_sdk_works(
         capture_output=True,
     )
     probe = (
-        "import importlib.util, sys\n"
-        "import nib.sdk, nib.v1.completion_pb2\n"
+        "import asyncio, importlib.util, sys\n"
+        "import nib.sdk, nib.sdk.cli, nib.v1.completion_pb2\n"
         "assert importlib.util.find_spec('torch') is None, 'torch is installed'\n"
         "assert 'torch' not in sys.modules\n"
         f"c = nib.sdk.Client('{server.address}')\n"
         "s = c.complete('def f', max_tokens=4)\n"
         "print(repr(''.join(s)), s.finish_reason)\n"
+        "async def main():\n"
+        f"    async with nib.sdk.AsyncClient('{server.address}') as a:\n"
+        "        r = await a.session().complete(prefix='a', suffix='b', max_tokens=2).result()\n"
+        "        print(r.finish_reason)\n"
+        "asyncio.run(main())\n"
+        "assert 'torch' not in sys.modules\n"
     )
     run = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split()[-1] in ("length", "end_of_text")
+    first, second = run.stdout.splitlines()[-2:]
+    assert first.split()[-1] in ("length", "end_of_text") and second in ("length", "end_of_text")
+    health = subprocess.run(
+        [str(env_dir / "bin" / "nib"), "health", "--address", server.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert health.returncode == 0 and health.stdout.strip() == "SERVING", health.stderr
     serve = subprocess.run(
         [str(env_dir / "bin" / "nib"), "serve"], capture_output=True, text=True, timeout=60
     )
