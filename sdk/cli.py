@@ -1,4 +1,4 @@
-"""The `nib` command: serve, complete, health, info.
+"""The `nib` command: serve, complete, health, info, lsp.
 
 Client commands need only the base install; `nib serve` needs the server
 extra (`pip install 'nib[server]'`) and imports it lazily.
@@ -100,10 +100,17 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return serve_main(argv)
 
 
+def cmd_lsp(argv: Sequence[str]) -> int:
+    from nib.bridge.cli import main as lsp_main
+
+    return lsp_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nib", description="Streaming code completions.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", help="serve a model over gRPC (needs nib[server])", add_help=False)
+    sub.add_parser("lsp", help="the editor bridge: a Language Server on stdio", add_help=False)
 
     p = sub.add_parser(
         "complete",
@@ -144,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return cmd_serve(argv[1:])
+    if argv and argv[0] == "lsp":
+        return cmd_lsp(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
