@@ -11,8 +11,12 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+# The wire contract as last released, as a buf image: `make lint` fails on any
+# breaking change against it. Committed, so the check needs no git history
+# (clean or shallow clones, CI). Cut a release: make proto-release VERSION=x.y.z
+PROTO_RELEASED ?= proto/released/nib-v1-0.1.0.json
 
-.PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check bench clean \
+.PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check proto-release bench load-test clean \
 	editor-tools check-vscode
 
 setup: $(VENV)/.installed
@@ -80,12 +84,23 @@ lint: setup
 	$(VENV)/bin/mypy -p nib.sdk -p nib.service -p nib.bridge
 	$(PY) tools/gen_proto.py --check
 	$(VENV)/bin/buf lint
+	$(VENV)/bin/buf breaking --against $(PROTO_RELEASED)
 
 proto: setup
 	$(PY) tools/gen_proto.py
 
 proto-check: setup
 	$(PY) tools/gen_proto.py --check
+
+proto-release: setup
+	@test -n "$(VERSION)" || { echo "usage: make proto-release VERSION=x.y.z"; exit 1; }
+	$(VENV)/bin/buf build --exclude-source-info -o proto/released/nib-v1-$(VERSION).json
+	$(PY) -c "import json,sys; p=sys.argv[1]; d=json.load(open(p)); open(p,'w').write(json.dumps(d, indent=1) + '\\n')" proto/released/nib-v1-$(VERSION).json
+	@echo "now set PROTO_RELEASED in the Makefile to proto/released/nib-v1-$(VERSION).json"
+
+# A bounded load test on loopback (starts its own server; see bench/load_test.py).
+load-test: setup
+	$(PY) bench/load_test.py $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \

@@ -4,11 +4,15 @@ Requests come in through submit(); each gets a Handle to cancel it. The thread
 prefills the prompt, then decodes token after token, handing every event to
 the request's sink (a callable the asyncio side wraps with
 call_soon_threadsafe). Cancellation is checked between two decode steps.
+
+Every submitted request gets exactly one DoneEvent, whatever happens: if the
+thread dies, the request it was running and every queued one end with
+FinishReason.ERROR and an EngineUnavailable cause, and later submits raise
+EngineUnavailable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import queue
@@ -22,6 +26,8 @@ import torch
 
 from nib.engine.config import ModelConfig
 from nib.engine.errors import EngineUnavailable, InvalidRequest, QueueFull
+from nib.engine.handle import Handle
+from nib.engine.hooks import EngineHooks, EngineState
 from nib.engine.loader import load_model
 from nib.engine.model import Transformer
 from nib.engine.request import (
@@ -35,6 +41,7 @@ from nib.engine.request import (
     Usage,
 )
 from nib.engine.sampling import Sampler
+from nib.engine.stats import EngineStats
 from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
 
 log = logging.getLogger("nib.engine")
@@ -77,24 +84,6 @@ class ModelInfo:
     graphs: tuple[tuple[str, bool, bool], ...] = ()  # (name, ready, fallback)
 
 
-class Handle:
-    """Lets the submitter cancel its request; safe to call from any thread."""
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self._event = threading.Event()
-        self.reason = FinishReason.CANCELLED
-
-    def cancel(self, reason: FinishReason = FinishReason.CANCELLED) -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-
 @dataclass
 class _Job:
     request_id: str
@@ -103,11 +92,14 @@ class _Job:
     sink: Sink
     handle: Handle
     arrival: float = field(default_factory=time.perf_counter)
+    finished: bool = False  # its DoneEvent was sent
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, hooks: EngineHooks | None = None) -> None:
         self.config = config
+        self.hooks = hooks or EngineHooks()
+        self.stats = EngineStats()
         self.model_config = ModelConfig.from_dir(config.model_dir)
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
         self.max_context = min(config.max_context, self.model_config.max_position_embeddings)
@@ -118,9 +110,15 @@ class Engine:
         self.model: Transformer | None = None
         self.ready = threading.Event()
         self.failure: BaseException | None = None
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=config.max_queue)
+        # Unbounded: the limit is on live waiting requests (`_waiting`), so that
+        # withdrawn requests still sitting in the queue take no one's place.
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._current: _Job | None = None
         self._thread = threading.Thread(target=self._run, name="nib-engine", daemon=True)
         self._stopping = False
+        self._finished = False  # the thread has stopped taking requests
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -130,9 +128,9 @@ class Engine:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout)
-        self._thread.join(timeout)
+        self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
@@ -143,7 +141,12 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        """Requests waiting to start (withdrawn ones excluded)."""
+        return self._waiting
+
+    def _left_queue(self) -> None:
+        with self._waiting_lock:
+            self._waiting -= 1
 
     def info(self) -> ModelInfo:
         cfg = self.model_config
@@ -186,19 +189,27 @@ class Engine:
         self, prompt_ids: list[int], params: GenerationParams, sink: Sink, request_id: str
     ) -> Handle:
         """Queue a request; events go to sink from the engine thread."""
-        if self.failure is not None or (self._stopping and not self.ready.is_set()):
-            raise EngineUnavailable(f"engine is not running: {self.failure}")
+        if self.failure is not None:
+            raise EngineUnavailable(f"engine failed: {type(self.failure).__name__}: {self.failure}")
+        if self._stopping or self._finished:
+            raise EngineUnavailable("engine is stopping")
         if not self.alive:
             raise EngineUnavailable("engine thread is not running")
         if not 1 <= params.max_tokens <= self.config.max_tokens_limit:
             raise InvalidRequest(
                 "max_tokens", f"must be between 1 and {self.config.max_tokens_limit}"
             )
-        handle = Handle(request_id)
-        try:
-            self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle))
-        except queue.Full:
-            raise QueueFull(f"{self.config.max_queue} requests are already waiting") from None
+        limit = self.config.max_queue
+        with self._waiting_lock:
+            if self._waiting >= limit:
+                raise QueueFull(
+                    f"{limit} requests are already waiting (the queue holds at most {limit})"
+                )
+            self._waiting += 1
+        handle = Handle(request_id, self._left_queue)
+        self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle))
+        if self._finished:  # the thread ended meanwhile: nobody else will answer it
+            self._drain(EngineUnavailable("engine is not running"))
         return handle
 
     # -- the engine thread -------------------------------------------------
@@ -209,28 +220,54 @@ class Engine:
             self.model = load_model(self.config.model_dir, dtype=self.dtype, device=self.device)
             self.model.setup_cache(self.max_context)
             self._warm_up()
+            if self.hooks.before_ready is not None:
+                self.hooks.before_ready()
             log.info("engine ready in %.2fs", time.perf_counter() - started)
             self.ready.set()
         except BaseException as exc:
-            self.failure = exc
-            log.exception("engine failed to start")
-            self._drain(f"engine failed to start: {exc}")
+            self._fail("engine failed to start", exc)
             return
-        while True:
-            job = self._queue.get()
-            if job is None:
-                break
-            self._serve(job)
-        self._drain("engine stopped")
+        self._notify(EngineState.READY)
+        try:
+            while (job := self._queue.get()) is not None:
+                if job.handle.claim():
+                    self._current = job
+                    self._serve(job)
+                    self._current = None
+        except BaseException as exc:  # the thread is dying: answer everyone first
+            self._fail("engine thread died", exc)
+            return
+        self._finished = True
+        self._drain(EngineUnavailable("engine stopped"))
+        self._notify(EngineState.STOPPED)
 
-    def _drain(self, message: str) -> None:
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.failure = exc
+        self._finished = True
+        log.critical("%s", what, exc_info=exc)
+        cause = EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}")
+        job, self._current = self._current, None
+        if job is not None and not job.finished:
+            self._emit(job, DoneEvent(FinishReason.ERROR, error=str(cause), cause=cause))
+        self._drain(cause)
+        self._notify(EngineState.FAILED)
+
+    def _notify(self, state: EngineState) -> None:
+        if self.hooks.on_state is not None:
+            try:
+                self.hooks.on_state(state)
+            except Exception:
+                log.exception("on_state hook failed for %s", state.value)
+
+    def _drain(self, cause: EngineUnavailable) -> None:
+        """End every request still queued: this thread will not run them."""
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if job is not None:
-                self._emit(job, DoneEvent(FinishReason.ERROR, error=message))
+            if job is not None and job.handle.claim():
+                self._emit(job, DoneEvent(FinishReason.ERROR, error=str(cause), cause=cause))
 
     def _warm_up(self) -> None:
         assert self.model is not None
@@ -240,11 +277,17 @@ class Engine:
 
     @staticmethod
     def _emit(job: _Job, event: Event) -> bool:
+        if isinstance(event, DoneEvent):
+            job.finished = True
         try:
             job.sink(event)
             return True
         except Exception:  # the receiver is gone: stop working for it
-            log.warning("sink of request %s failed; cancelling it", job.request_id, exc_info=True)
+            log.warning(
+                "sink failed; cancelling the request",
+                exc_info=True,
+                extra={"request_id": job.request_id},
+            )
             job.handle.cancel()
             return False
 
@@ -253,7 +296,7 @@ class Engine:
             with torch.inference_mode():
                 self._generate(job)
         except Exception as exc:
-            log.exception("request %s failed", job.request_id)
+            log.exception("request failed", extra={"request_id": job.request_id})
             self._emit(job, DoneEvent(FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
 
     def _generate(self, job: _Job) -> None:
@@ -267,6 +310,8 @@ class Engine:
             self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
             return
 
+        self.stats.requests += 1
+        self.stats.prompt_tokens += n_prompt
         sampler = Sampler(params, self.device)
         detok = IncrementalDetokenizer(tok, job.prompt_ids)
         stops = StopMatcher(params.stop)
@@ -286,6 +331,7 @@ class Engine:
                 finish = FinishReason.END_OF_TEXT
                 break
             completion += 1
+            self.stats.generated_tokens += 1
             text, stop_hit_or_none = stops.feed(detok.push(token_id))
             logprob = (float(row.log_softmax(-1)[token_id]),) if params.logprobs else ()
             stamps.append(time.perf_counter())
@@ -300,6 +346,8 @@ class Engine:
                 break
             if step + 1 == budget:
                 break
+            if self.hooks.before_step is not None:
+                self.hooks.before_step(job.request_id, completion)
             logits = model(token.view(1, 1), torch.tensor([pos], device=self.device), pos + 1)
             pos += 1
         if finish in (FinishReason.LENGTH, FinishReason.END_OF_TEXT):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from nib.engine.errors import EngineError
+
 
 class FinishReason(enum.Enum):
     LENGTH = "length"
@@ -76,6 +78,10 @@ class DoneEvent:
     timings: Timings = field(default_factory=Timings)
     stop: str = ""
     error: str = ""
+    # For FinishReason.ERROR: the engine error behind it, when it is one the
+    # caller can act on (EngineUnavailable: the engine died or stopped). None
+    # for an unexpected failure of this one request.
+    cause: EngineError | None = None
 
 
 Event = TokenEvent | DoneEvent

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from nib.service.server import ServerConfig, default_engine_config, serve
+import structlog
+
+from nib.service.auth import ApiKeys, KeyFileError
+from nib.service.faults import ENV_VAR, FaultPlan
+from nib.service.logs import FORMATS, configure_logging
+from nib.service.server import MAX_MESSAGE_BYTES, ServerConfig, default_engine_config, serve
+from nib.service.tls import TlsConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,16 +30,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=64, help="max_tokens when unset")
     p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to drain on SIGTERM")
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=MAX_MESSAGE_BYTES,
+        help=f"largest request message (default {MAX_MESSAGE_BYTES})",
+    )
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=1024,
+        help="open calls (sessions, health watches, ...) before RESOURCE_EXHAUSTED (default 1024)",
+    )
+    p.add_argument(
+        "--grace", type=float, default=5.0, help="seconds to drain on SIGTERM (default 5)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (0 picks one)"
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="require API keys: a file of 'tenant:key' lines (see README)",
+    )
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", type=Path, help="require client certificates signed by this CA"
+    )
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", default="json", choices=FORMATS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    log = structlog.get_logger("nib.service")
+    for flag, value, low in (
+        ("--max-queue", args.max_queue, 1),
+        ("--max-message-bytes", args.max_message_bytes, 1024),
+        ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 1),
+        ("--grace", args.grace, 0),
+    ):
+        if value < low:
+            parser.error(f"{flag} is {value}; must be at least {low}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        parser.error("--tls-client-ca needs --tls-cert and --tls-key")
+    tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    try:
+        keys = ApiKeys.from_file(args.api_key_file) if args.api_key_file else None
+    except (OSError, KeyFileError) as exc:
+        parser.error(f"--api-key-file: {exc}")
+    faults = None
+    if os.environ.get(ENV_VAR):
+        faults = FaultPlan.parse(os.environ[ENV_VAR])
+        log.warning(
+            "FAULT INJECTION ACTIVE: this server will misbehave on purpose", plan=str(faults)
+        )
     device = args.device
     if device == "auto":
         import torch
@@ -48,7 +106,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_max_tokens=args.default_max_tokens,
         max_queue=args.max_queue,
     )
-    asyncio.run(
-        serve(ServerConfig(engine=engine, host=args.host, port=args.port, grace_s=args.grace))
+    config = ServerConfig(
+        engine=engine,
+        host=args.host,
+        port=args.port,
+        grace_s=args.grace,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        api_keys=keys,
+        tls=tls,
+        max_message_bytes=args.max_message_bytes,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        faults=faults,
     )
+    asyncio.run(serve(config))
     return 0

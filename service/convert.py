@@ -15,6 +15,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_REQUEST_ID_LENGTH = 128
 MAX_TEMPERATURE = 2.0
+MAX_PATH_LENGTH = 1024
+MAX_LANGUAGE_LENGTH = 64
 
 FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -30,6 +32,7 @@ FINISH_TO_PB = {
 class Limits:
     max_tokens_limit: int
     default_max_tokens: int
+    vocab_size: int | None = None  # top_k above it is rejected; None: not checked
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,15 @@ def spec_from_pb(req: pb.CompleteRequest, limits: Limits) -> CompletionSpec:
         fill = req.infill
         if not fill.prefix and not fill.suffix:
             raise InvalidRequest("infill", "prefix and suffix must not both be empty")
+        if len(fill.path) > MAX_PATH_LENGTH:
+            raise InvalidRequest(
+                "infill.path", f"is {len(fill.path)} characters; at most {MAX_PATH_LENGTH} allowed"
+            )
+        if len(fill.language) > MAX_LANGUAGE_LENGTH:
+            raise InvalidRequest(
+                "infill.language",
+                f"is {len(fill.language)} characters; at most {MAX_LANGUAGE_LENGTH} allowed",
+            )
         prompt = Prompt(
             prefix=fill.prefix, suffix=fill.suffix, path=fill.path, language=fill.language
         )
@@ -64,6 +76,10 @@ def spec_from_pb(req: pb.CompleteRequest, limits: Limits) -> CompletionSpec:
     if not (math.isfinite(req.temperature) and 0.0 <= req.temperature <= MAX_TEMPERATURE):
         raise InvalidRequest(
             "temperature", f"is {req.temperature}; must be between 0 and {MAX_TEMPERATURE}"
+        )
+    if limits.vocab_size is not None and req.top_k > limits.vocab_size:
+        raise InvalidRequest(
+            "top_k", f"is {req.top_k}; must be at most the vocabulary size {limits.vocab_size}"
         )
     if not (math.isfinite(req.top_p) and 0.0 <= req.top_p <= 1.0):
         raise InvalidRequest("top_p", f"is {req.top_p}; must be between 0 and 1")
@@ -113,8 +129,14 @@ def done_to_pb(event: DoneEvent) -> pb.Done:
     )
 
 
-def error_done(message: str, code: int) -> pb.Done:
-    return pb.Done(finish_reason=pb.FINISH_REASON_ERROR, error=message, error_code=code)
+def error_done(message: str, code: int, event: DoneEvent | None = None) -> pb.Done:
+    """A Done for a completion that failed (with its usage and timings, if it ran)."""
+    done = done_to_pb(event) if event is not None else pb.Done()
+    done.finish_reason = pb.FINISH_REASON_ERROR
+    done.stop = ""
+    done.error = message
+    done.error_code = code
+    return done
 
 
 def event_to_pb(event: Event) -> tuple[pb.Delta | None, pb.Done | None]:

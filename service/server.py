@@ -1,29 +1,46 @@
-"""Build and run the gRPC server: completion service, health and reflection."""
+"""Build and run the gRPC server: completion service, health, reflection, metrics.
+
+Lifecycle: health is NOT_SERVING until the engine reports ready (on a GPU, once
+its graphs are captured), then SERVING; NOT_SERVING again for good if the
+engine thread dies. stop() drains: health NOT_SERVING, new completions get
+UNAVAILABLE, in-flight ones have `grace_s` to finish, then are cancelled (the
+engine lets go within one step) and end with UNAVAILABLE.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import grpc
+import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from nib.engine.engine import Engine, EngineConfig
+from nib.engine.hooks import EngineHooks, EngineState
+from nib.service.auth import ApiKeys, auth_interceptor
 from nib.service.convert import Limits
-from nib.service.errors import ErrorInterceptor
+from nib.service.errors import error_interceptor
+from nib.service.faults import FaultPlan
+from nib.service.ledger import Ledger
+from nib.service.metrics import Metrics, MetricsServer
 from nib.service.servicer import CompletionServicer
+from nib.service.tls import TlsConfig
 from nib.v1 import completion_pb2, completion_pb2_grpc
 
-log = logging.getLogger("nib.service")
+log = structlog.get_logger("nib.service")
 
 SERVICE_NAME = completion_pb2.DESCRIPTOR.services_by_name["CompletionService"].full_name
+HEALTH_NAMES = ("", SERVICE_NAME)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# How long cancelled completions get to reach their end after the drain period
+# (the engine stops within one decode step; this only bounds a stuck engine).
+CANCEL_WAIT_S = 10.0
 
 
 def server_version() -> str:
@@ -39,25 +56,53 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     grace_s: float = 5.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    api_keys: ApiKeys | None = None
+    tls: TlsConfig | None = None
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_concurrent_rpcs: int | None = 1024
+    faults: FaultPlan | None = None
 
 
 class NibServer:
-    """A started server; `port` is the bound port (useful with port 0)."""
+    """A server; `port` is the bound port (useful with port 0)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine = Engine(config.engine)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._states: asyncio.Queue[EngineState] = asyncio.Queue()
+        hooks = (
+            config.faults.hooks(self._on_engine_state)
+            if config.faults is not None
+            else EngineHooks(on_state=self._on_engine_state)
+        )
+        self.engine = Engine(config.engine, hooks)
+        self.metrics = Metrics(self.engine)
+        limits = Limits(
+            config.engine.max_tokens_limit,
+            config.engine.default_max_tokens,
+            self.engine.model_config.vocab_size,
+        )
+        self.ledger = Ledger(self.engine, limits, self.metrics)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            interceptors=[
+                auth_interceptor(config.api_keys, self._auth_failed),
+                error_interceptor(),
             ],
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                # Find peers that vanished without closing their connection.
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
-        limits = Limits(config.engine.max_tokens_limit, config.engine.default_max_tokens)
         completion_pb2_grpc.add_CompletionServiceServicer_to_server(
-            CompletionServicer(self.engine, limits, server_version()), self.server
+            CompletionServicer(self.engine, self.ledger, server_version()), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -68,54 +113,134 @@ class NibServer:
             ),
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
-        self._watch: asyncio.Task[None] | None = None
+        address = f"{config.host}:{config.port}"
+        if config.tls is not None:
+            self.port = self.server.add_secure_port(address, config.tls.credentials())
+        else:
+            self.port = self.server.add_insecure_port(address)
+        self.metrics_server: MetricsServer | None = None
+        self._follow: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def _auth_failed(self, reason: str) -> None:
+        self.metrics.auth_failures.labels(reason).inc()
+
+    def _on_engine_state(self, state: EngineState) -> None:
+        """Engine thread -> event loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._states.put_nowait, state)
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_NAMES:
+            await self.health.set(name, status)
 
     async def start(self) -> None:
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._loop = asyncio.get_running_loop()
+        await self._set_health(False)
         self.engine.start()
         await self.server.start()
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
         log.info(
-            "nib listening on %s:%d (model %s)",
-            self.config.host,
-            self.port,
-            self.config.engine.model_dir,
+            "listening",
+            address=f"{self.config.host}:{self.port}",
+            tls=self.config.tls is not None,
+            api_keys=self.config.api_keys is not None,
+            tenants=sorted(self.config.api_keys.tenants) if self.config.api_keys else None,
+            metrics_port=self.metrics_server.port if self.metrics_server else None,
+            model=str(self.config.engine.model_dir),
         )
-        self._watch = asyncio.create_task(self._report_ready())
+        self._follow = asyncio.create_task(self._follow_engine())
 
-    async def _report_ready(self) -> None:
-        """SERVING once the engine has loaded and warmed up; stays NOT_SERVING if it failed."""
-        while not await asyncio.to_thread(self.engine.wait_ready, 0.5):
-            if self.engine.failure is not None or not self.engine.alive:
-                log.error("engine failed; health stays NOT_SERVING: %s", self.engine.failure)
+    async def _follow_engine(self) -> None:
+        """Health follows the engine: SERVING when ready, NOT_SERVING for good when it dies.
+        States come from the engine's hook; the liveness poll covers a thread that ended
+        without telling."""
+        while True:
+            try:
+                async with asyncio.timeout(1.0):
+                    state = await self._states.get()
+            except TimeoutError:
+                if self.engine.alive or self._stopped:
+                    continue
+                state = EngineState.FAILED
+            if state is EngineState.READY:
+                await self._set_health(True)
+                log.info("engine ready: health SERVING")
+            else:
+                await self._set_health(False)
+                if state is EngineState.FAILED:
+                    log.error("engine failed: health NOT_SERVING", error=str(self.engine.failure))
                 return
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("engine ready: health SERVING")
 
-    async def stop(self) -> None:
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.stop(self.config.grace_s)
-        if self._watch is not None:
-            self._watch.cancel()
+    async def stop(
+        self, grace_s: float | None = None, skip_grace: asyncio.Event | None = None
+    ) -> None:
+        """Drain, then stop. `skip_grace`, once set, ends the drain period early."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.config.grace_s if grace_s is None else grace_s
+        await self.health.enter_graceful_shutdown()
+        self.ledger.start_draining()
+        inflight = self.ledger.inflight
+        log.info("draining", inflight=inflight, grace_s=grace)
+        drained = await self._wait_drained(grace, skip_grace)
+        if not drained:
+            cancelled = self.ledger.cancel_all("shutdown")
+            log.warning("drain period over: cancelling", cancelled=cancelled)
+            if not await self.ledger.wait_idle(CANCEL_WAIT_S):
+                log.error("completions still running after cancel", inflight=self.ledger.inflight)
+        # Sessions end as soon as they are idle; what is left (health watches,
+        # half-open sessions) gets a second to finish, then is cancelled.
+        await self.server.stop(1.0)
+        if self._follow is not None:
+            self._follow.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+                await self._follow
         await asyncio.to_thread(self.engine.stop)
+        self.ledger.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        log.info("stopped")
+
+    async def _wait_drained(self, grace: float, skip: asyncio.Event | None) -> bool:
+        if skip is None:
+            return await self.ledger.wait_idle(grace)
+        idle = asyncio.create_task(self.ledger.wait_idle(grace))
+        skipped = asyncio.create_task(skip.wait())
+        await asyncio.wait({idle, skipped}, return_when=asyncio.FIRST_COMPLETED)
+        skipped.cancel()
+        if not idle.done():
+            idle.cancel()
+            return False
+        return idle.result()
 
 
 async def serve(config: ServerConfig) -> None:
-    """Run until SIGINT/SIGTERM, then drain for the grace period and stop."""
+    """Run until SIGINT/SIGTERM, then drain for the grace period and stop; a second
+    signal cuts the drain short."""
     server = NibServer(config)
     await server.start()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
-    log.info("shutting down (grace %.1fs)", config.grace_s)
-    await server.stop()
+    log.info("signal received: shutting down", grace_s=config.grace_s)
+    await server.stop(skip_grace=hurry)
 
 
 def default_engine_config(model: Path | None, **overrides: object) -> EngineConfig:

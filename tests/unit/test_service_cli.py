@@ -1,0 +1,51 @@
+"""`nib serve` refuses inconsistent security flags before loading anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nib.service.cli import main
+
+
+def test_tls_flags_go_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    with pytest.raises(SystemExit) as info:
+        main(["--tls-cert", str(cert)])
+    assert info.value.code == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tls-client-ca", str(cert)])
+    assert "--tls-client-ca needs --tls-cert" in capsys.readouterr().err
+
+
+def test_bad_key_file_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("acme:0123456789abcdef0123\nbroken line with a secret-ish-value\n")
+    with pytest.raises(SystemExit) as info:
+        main(["--api-key-file", str(keys)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"{keys} line 2: expected tenant:key" in err
+    assert "secret-ish-value" not in err and "0123456789abcdef0123" not in err
+    with pytest.raises(SystemExit):
+        main(["--api-key-file", str(tmp_path / "missing")])
+    assert "No such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-queue", "0", "--max-queue is 0; must be at least 1"),
+        ("--max-message-bytes", "10", "--max-message-bytes is 10; must be at least 1024"),
+        ("--grace", "-1", "--grace is -1.0; must be at least 0"),
+    ],
+)
+def test_limits_are_checked(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([flag, value])
+    assert message in capsys.readouterr().err
