@@ -53,6 +53,8 @@ class Completer:
     link: ServerLink
     root_path: str | None = None
     stats: Counter[str] = field(default_factory=Counter)
+    # The id of the latest completion sent: the server logs it with each request.
+    last_request_id: str | None = None
     _seq: int = 0
     _job: Job | None = None
 
@@ -126,6 +128,7 @@ class Completer:
                 timeout=settings.timeout_s,
             )
             job.stream = stream
+            self.last_request_id = stream.request_id
             self.stats["started"] += 1
             truncator = Truncator(rules)
             try:

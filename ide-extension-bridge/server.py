@@ -156,6 +156,7 @@ def build_server(settings: BridgeSettings | None = None) -> NibLanguageServer:
             "debounce_ms": ls.link.settings.debounce_ms,
             "max_tokens": ls.link.settings.max_tokens,
             "timeout_s": ls.link.settings.timeout_s,
+            "last_request_id": ls.completer.last_request_id,
             **dict(ls.completer.stats),
         }
 

@@ -51,6 +51,9 @@ class ConnectionOptions:
     # The server must allow pings this often (see the README).
     keepalive_s: float | None = None
     keepalive_timeout_s: float = 20.0
+    # Longest wait between attempts to reconnect to a server that went away. gRPC's
+    # default grows to 120 s; a completion client wants its server back within seconds.
+    max_reconnect_backoff_s: float = 2.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -58,6 +61,10 @@ class ConnectionOptions:
             raise ValueError("address must be host:port")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"timeout is {self.timeout}; must be positive")
+        if self.max_reconnect_backoff_s <= 0:
+            raise ValueError(
+                f"max_reconnect_backoff_s is {self.max_reconnect_backoff_s}; must be positive"
+            )
         if self.keepalive_s is not None and self.keepalive_s <= 0:
             raise ValueError(f"keepalive_s is {self.keepalive_s}; must be positive")
         if self.api_key is not None and not self.api_key.isprintable():
@@ -82,6 +89,11 @@ class ConnectionOptions:
             # Retries are ours (only before the first token); gRPC's own
             # transparent retries would hide the attempts.
             ("grpc.enable_retries", 0),
+            (
+                "grpc.initial_reconnect_backoff_ms",
+                int(min(1.0, self.max_reconnect_backoff_s) * 1000),
+            ),
+            ("grpc.max_reconnect_backoff_ms", int(self.max_reconnect_backoff_s * 1000)),
         ]
         if self.keepalive_s is not None:
             options += [

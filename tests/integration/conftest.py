@@ -140,6 +140,14 @@ def assert_engine_free(client: Client) -> None:
     assert nxt.timings.queue_ms < 20 * step_ms + 250, (nxt.timings, step_ms)
 
 
+def assert_cancelled_on_server(server: ServerProcess, request_id: str, *causes: str) -> None:
+    """The server's own record of the completion: it ended early, for one of `causes`."""
+    event = server.request_event(request_id)
+    assert event["finish_reason"] in ("cancelled", "superseded"), event
+    assert event["cancel_cause"] in causes, event
+    assert isinstance(event["completion_tokens"], int) and event["completion_tokens"] < 200, event
+
+
 async def assert_engine_free_async(client: AsyncClient) -> None:
     nxt = await client.complete("y", max_tokens=4).result()
     step_ms = statistics.median(nxt.timings.inter_token_ms)

@@ -19,7 +19,7 @@ from pytest_lsp import LanguageClient
 
 from nib.sdk import Client
 
-from .conftest import ServerProcess, assert_engine_free
+from .conftest import ServerProcess, assert_cancelled_on_server, assert_engine_free
 from .lsp_helpers import (
     BRIDGE_CONFIG,
     bridge_status,
@@ -147,6 +147,7 @@ async def test_cancel_request_stops_the_generation_on_the_server(
         assert_engine_free(client)
     status = await bridge_status(bridge)
     assert status["cancelled_by_client"] == 1 and status["started"] == 1
+    assert_cancelled_on_server(server, status["last_request_id"], "request")
 
 
 async def test_an_edit_cancels_the_completion_in_flight(
@@ -161,7 +162,9 @@ async def test_an_edit_cancels_the_completion_in_flight(
     assert await asyncio.wait_for(answer, 3) is None
     with Client(server.address) as client:
         assert_engine_free(client)
-    assert (await bridge_status(bridge))["cancelled_by_edit"] == 1
+    status = await bridge_status(bridge)
+    assert status["cancelled_by_edit"] == 1
+    assert_cancelled_on_server(server, status["last_request_id"], "request")
 
 
 async def test_a_newer_request_supersedes_the_older(
@@ -172,6 +175,7 @@ async def test_a_newer_request_supersedes_the_older(
     await configure(bridge, LONG)
     _, older = send_inline(bridge, uri, types.Position(line=9, character=0))
     await asyncio.sleep(1.0)
+    older_id = (await bridge_status(bridge))["last_request_id"]
     await configure(bridge, {"mode": "single", "maxTokens": 16})
     newer = await inline_text(bridge, uri, types.Position(line=5, character=23))
     assert await asyncio.wait_for(older, 3) is None
@@ -179,6 +183,8 @@ async def test_a_newer_request_supersedes_the_older(
     assert newer == expected_single_line(server, SOURCE + "\n", offset)
     status = await bridge_status(bridge)
     assert status["replaced"] == 1 and status["started"] == 2
+    # Both the bridge's cancel and the session's supersession stop it; the first wins.
+    assert_cancelled_on_server(server, older_id, "request", "superseded")
     with Client(server.address) as client:
         assert_engine_free(client)
 

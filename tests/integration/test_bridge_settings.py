@@ -85,7 +85,12 @@ async def test_unreachable_server_is_reported_once_and_recovery_is_announced(
 
     server = start_server(slow_model_dir, tmp_path / "server.log", port=port)
     try:
-        text = await inline_text(client, uri, at)
+        # The channel reconnects after its backoff (at most 2 s): keep typing until then.
+        for _ in range(50):
+            text = await inline_text(client, uri, at)
+            if text is not None:
+                break
+            await asyncio.sleep(0.3)
         assert text is not None
         back = await wait_for_message(client, 2)
         assert back.type == types.MessageType.Info

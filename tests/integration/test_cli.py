@@ -13,7 +13,7 @@ from typing import Any
 
 from nib.sdk import Client
 
-from .conftest import ServerProcess, assert_engine_free, free_port
+from .conftest import ServerProcess, assert_cancelled_on_server, assert_engine_free, free_port
 
 LONG_ARGS = ("--max-tokens", "1000", "--temperature", "1", "--seed", "1")
 
@@ -108,7 +108,7 @@ def test_prompt_from_stdin_and_verbose_timings(server: ServerProcess) -> None:
 def test_ctrl_c_cancels_the_generation_on_the_server(server: ServerProcess) -> None:
     env = {**os.environ, "NIB_ADDRESS": server.address, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nib.sdk.cli", "complete", "x", *LONG_ARGS],
+        [sys.executable, "-m", "nib.sdk.cli", "complete", "x", "--json", *LONG_ARGS],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -121,13 +121,15 @@ def test_ctrl_c_cancels_the_generation_on_the_server(server: ServerProcess) -> N
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
-        assert "[cancelled]" in proc.stderr.read().decode()
+        done = json.loads(proc.stdout.read().decode().splitlines()[-1])
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert done["type"] == "done" and done["finish_reason"] == "cancelled"
     with Client(server.address) as client:
         assert_engine_free(client)
+    assert_cancelled_on_server(server, done["request_id"], "client_gone")
 
 
 def test_bad_input_exits_1_with_the_servers_message(server: ServerProcess) -> None:

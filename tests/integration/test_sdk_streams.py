@@ -24,7 +24,12 @@ from nib.sdk import (
     InvalidArgument,
 )
 
-from .conftest import ServerProcess, assert_engine_free, assert_engine_free_async
+from .conftest import (
+    ServerProcess,
+    assert_cancelled_on_server,
+    assert_engine_free,
+    assert_engine_free_async,
+)
 
 LONG = {"max_tokens": 1000, "temperature": 1.0, "seed": 1}
 
@@ -54,6 +59,7 @@ def test_sync_stream_cancel_reaches_the_server(server: ServerProcess, how: str) 
         assert stream.finish_reason == FinishReason.CANCELLED and stream.cancelled
         assert 3 <= len(stream.token_ids) < 50
         assert_engine_free(client)
+    assert_cancelled_on_server(server, stream.request_id, "client_gone")
 
 
 def test_cancel_from_another_thread_ends_the_loop(server: ServerProcess) -> None:
@@ -114,6 +120,7 @@ async def test_async_stream_cancel_reaches_the_server(server: ServerProcess, how
         assert stream.finish_reason == "cancelled"
         assert 3 <= len(stream.token_ids) < 50
         await assert_engine_free_async(client)
+    assert_cancelled_on_server(server, stream.request_id, "client_gone")
 
 
 def test_result_and_stream_agree(server: ServerProcess) -> None:
@@ -158,6 +165,8 @@ def test_session_supersedes_and_cancels(server: ServerProcess) -> None:
         assert third.server_done.wait(10), "the server never confirmed the cancel"
         assert third.finish_reason == "cancelled" and 1 <= third.usage.completion_tokens < 50
         assert_engine_free(client)
+    assert_cancelled_on_server(server, first.request_id, "superseded")
+    assert_cancelled_on_server(server, third.request_id, "request")
 
 
 def test_session_reports_a_bad_start_and_lives_on(server: ServerProcess) -> None:
@@ -174,13 +183,16 @@ def test_session_deadline_cancels_on_the_server(server: ServerProcess) -> None:
             stream.result()
         assert stream.server_done.wait(10)
         assert_engine_free(client)
+    assert_cancelled_on_server(server, stream.request_id, "request")
 
 
 def test_complete_deadline_stops_the_generation(server: ServerProcess) -> None:
     with Client(server.address) as client:
+        stream = client.complete("x", timeout=1.0, **LONG)
         with pytest.raises(DeadlineExceeded):
-            client.complete("x", timeout=1.0, **LONG).result()
+            stream.result()
         assert_engine_free(client)
+    assert_cancelled_on_server(server, stream.request_id, "deadline", "client_gone")
 
 
 async def test_async_session_supersedes_and_cancels(server: ServerProcess) -> None:
@@ -200,6 +212,8 @@ async def test_async_session_supersedes_and_cancels(server: ServerProcess) -> No
         await asyncio.wait_for(third.server_done.wait(), 10)
         assert third.finish_reason == "cancelled" and third.usage.completion_tokens < 50
         await assert_engine_free_async(client)
+    assert_cancelled_on_server(server, first.request_id, "superseded")
+    assert_cancelled_on_server(server, third.request_id, "request")
 
 
 def test_one_client_shared_by_threads(server: ServerProcess) -> None:

@@ -84,6 +84,7 @@ def test_connection_options() -> None:
     assert not plain.secure and plain.metadata() == ()
     names = dict(plain.channel_options())
     assert "grpc.keepalive_time_ms" not in names and names["grpc.enable_retries"] == 0
+    assert names["grpc.max_reconnect_backoff_ms"] == 2000
     keyed = ConnectionOptions("h:1", api_key="secret-key", keepalive_s=30, ca_file="ca.pem")
     assert keyed.secure and keyed.metadata() == (("authorization", "Bearer secret-key"),)
     assert dict(keyed.channel_options())["grpc.keepalive_time_ms"] == 30_000
