@@ -21,7 +21,12 @@ class Completion:
     """
 
     def __init__(
-        self, engine: Engine, prompt_ids: list[int], params: GenerationParams, request_id: str
+        self,
+        engine: Engine,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        request_id: str,
+        session: str = "",
     ) -> None:
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -34,7 +39,7 @@ class Completion:
         self.request_id = request_id
         self.prompt_tokens = len(prompt_ids)
         self._submitted = time.perf_counter()
-        self.handle: Handle = engine.submit(prompt_ids, params, sink, request_id)
+        self.handle: Handle = engine.submit(prompt_ids, params, sink, request_id, session)
         self.done: DoneEvent | None = None
 
     def cancel(self, reason: FinishReason = FinishReason.CANCELLED) -> None:

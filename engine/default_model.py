@@ -21,6 +21,7 @@ log = logging.getLogger("nib.engine")
 
 SHIPPED_MODEL = Path(__file__).resolve().parent / "assets" / "nib-tiny-code"
 RANDOM_MODEL_NAME = "nib-random-test-model"
+RANDOM_VOCAB = 384  # 256 bytes + specials + placeholders: a multiple of 128
 SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|fim_prefix|>",
@@ -44,14 +45,27 @@ def default_model_dir() -> Path:
 
 
 def byte_level_tokenizer() -> Tokenizer:
-    """A byte-level tokenizer with no merges: 256 byte tokens, then the special tokens."""
+    """A byte-level tokenizer with no merges: 256 byte tokens, the special tokens, then
+    plain placeholder tokens up to 384 ids, so every id a model of that vocabulary
+    samples decodes to some text."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_tokens([f"<|unused_{i}|>" for i in range(RANDOM_VOCAB - tok.get_vocab_size())])
     return tok
+
+
+def write_byte_tokenizer(out_dir: str | Path) -> None:
+    """Save the byte-level tokenizer (384 ids) into a model folder."""
+    out = Path(out_dir)
+    byte_level_tokenizer().save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
+        + "\n"
+    )
 
 
 def make_random_model(
@@ -69,7 +83,7 @@ def make_random_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = byte_level_tokenizer()
-    vocab_size = 384  # 256 bytes + specials, padded to a multiple of 128
+    vocab_size = RANDOM_VOCAB
     eos_id = tok.token_to_id("<|endoftext|>")
     head_dim = hidden_size // num_heads
     config = {
@@ -100,7 +114,7 @@ def make_random_model(
 
     q, kv = num_heads * head_dim, num_kv_heads * head_dim
     embed = w(vocab_size, hidden_size)
-    embed[256:] = 0.0  # special and padding rows: logit 0, so greedy decoding rarely ends at once
+    embed[eos_id] = 0.0  # end-of-text gets logit 0, so greedy decoding rarely ends at once
     tensors = {"model.embed_tokens.weight": embed}
     tensors["model.norm.weight"] = torch.ones(hidden_size)
     for i in range(num_layers):

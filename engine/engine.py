@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +32,9 @@ from nib.engine.handle import Handle
 from nib.engine.hooks import EngineHooks, EngineState
 from nib.engine.loader import load_model
 from nib.engine.model import Transformer
+from nib.engine.prefix_cache import PrefixCache
+from nib.engine.quant.gptq_format import read_gptq_config
+from nib.engine.quant.swap import describe
 from nib.engine.request import (
     DoneEvent,
     Event,
@@ -41,8 +46,12 @@ from nib.engine.request import (
     Usage,
 )
 from nib.engine.sampling import Sampler
+from nib.engine.speculative import Speculator, accept_greedy, accept_sampled
 from nib.engine.stats import EngineStats
 from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
+
+if TYPE_CHECKING:
+    from nib.engine.graphs import GraphRunner
 
 log = logging.getLogger("nib.engine")
 
@@ -60,11 +69,25 @@ class EngineConfig:
     max_tokens_limit: int = 1024
     default_max_tokens: int = 64
     max_queue: int = 64
+    use_graphs: bool = True  # CUDA graphs on a GPU (off: the same kernels, launched eagerly)
+    prefix_cache_entries: int = 4  # sequences whose KV is kept for reuse (0: no reuse)
+    prefix_cache_bytes: int = 2 << 30  # budget for stashed copies of those sequences
+    tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
+    quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
+    speculative_k: int = 6  # prompt-lookup draft tokens per verify step (0: off)
+
+    @property
+    def int4(self) -> bool:
+        return self.quant == "int4" or (
+            self.quant == "auto" and read_gptq_config(self.model_dir) is not None
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.float32 if self.device == "cpu" else torch.bfloat16
+            if self.device == "cpu":
+                return torch.float32
+            return torch.float16 if self.int4 else torch.bfloat16  # INT4 kernels take fp16
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
         return _DTYPES[self.dtype]
@@ -91,6 +114,7 @@ class _Job:
     params: GenerationParams
     sink: Sink
     handle: Handle
+    session: str = ""
     arrival: float = field(default_factory=time.perf_counter)
     finished: bool = False  # its DoneEvent was sent
 
@@ -108,6 +132,12 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
         self.model: Transformer | None = None
+        self.runner: GraphRunner | None = None
+        self.gemv_choices: dict[tuple[int, int], str] = {}
+        self.prefix: PrefixCache | None = None
+        self.prompt_tokens_reused = 0  # counters for metrics
+        self.prompt_tokens_computed = 0
+        self.speculation_stats = {"verifies": 0, "drafted": 0, "accepted": 0}
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         # Unbounded: the limit is on live waiting requests (`_waiting`), so that
@@ -157,9 +187,13 @@ class Engine:
             vocab_size=cfg.vocab_size,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
-            quantization="none",
+            quantization="none" if self.model is None else describe(self.model),
             max_tokens_limit=self.config.max_tokens_limit,
             supports_infill=self.tokenizer.fim is not None,
+            graphs=tuple(
+                (s.name, s.ready, s.fallback)
+                for s in (self.runner.states.values() if self.runner else ())
+            ),
         )
 
     # -- requests ----------------------------------------------------------
@@ -186,7 +220,12 @@ class Engine:
         return ids
 
     def submit(
-        self, prompt_ids: list[int], params: GenerationParams, sink: Sink, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        sink: Sink,
+        request_id: str,
+        session: str = "",
     ) -> Handle:
         """Queue a request; events go to sink from the engine thread."""
         if self.failure is not None:
@@ -207,7 +246,7 @@ class Engine:
                 )
             self._waiting += 1
         handle = Handle(request_id, self._left_queue)
-        self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle))
+        self._queue.put_nowait(_Job(request_id, prompt_ids, params, sink, handle, session))
         if self._finished:  # the thread ended meanwhile: nobody else will answer it
             self._drain(EngineUnavailable("engine is not running"))
         return handle
@@ -217,11 +256,23 @@ class Engine:
     def _run(self) -> None:
         try:
             started = time.perf_counter()
-            self.model = load_model(self.config.model_dir, dtype=self.dtype, device=self.device)
+            self.model = load_model(
+                self.config.model_dir,
+                dtype=self.dtype,
+                device=self.device,
+                quant=self.config.quant,
+            )
             self.model.setup_cache(self.max_context)
+            if self.device.type == "cuda":
+                self._setup_gpu()
             self._warm_up()
             if self.hooks.before_ready is not None:
                 self.hooks.before_ready()
+            if self.config.prefix_cache_entries > 0:
+                caches = [layer.attention.cache for layer in self.model.layers]
+                self.prefix = PrefixCache(
+                    caches, self.config.prefix_cache_entries, self.config.prefix_cache_bytes
+                )
             log.info("engine ready in %.2fs", time.perf_counter() - started)
             self.ready.set()
         except BaseException as exc:
@@ -299,67 +350,189 @@ class Engine:
             log.exception("request failed", extra={"request_id": job.request_id})
             self._emit(job, DoneEvent(FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
 
-    def _generate(self, job: _Job) -> None:
+    def _setup_gpu(self) -> None:
+        """Fused Triton glue, the tuned GEMV, then graphs captured for every shape."""
+        from nib.engine.graphs import GraphRunner
+        from nib.engine.kernels.gemv import swap_in_gemv
+        from nib.engine.ops import TritonOps
+
         assert self.model is not None
-        model, tok, params = self.model, self.tokenizer, job.params
+        self.model.ops = TritonOps()
+        started = time.perf_counter()
+        self.gemv_choices = swap_in_gemv(self.model, tune=self.config.tune_kernels)
+        log.info("linear kernels per (out, in): %s", self.gemv_choices)
+        self.runner = GraphRunner(
+            self.model,
+            self.max_context,
+            use_graphs=self.config.use_graphs,
+            on_fallback=self.stats.record_graph_fallback,
+        )
+        self.runner.capture()
+        captured = sum(s.ready for s in self.runner.states.values())
+        log.info(
+            "captured %d/%d CUDA graphs in %.1fs (incl. kernel tuning)",
+            captured,
+            len(self.runner.states),
+            time.perf_counter() - started,
+        )
+
+    def _generate(self, job: _Job) -> None:
         start = time.perf_counter()
         queue_ms = (start - job.arrival) * 1e3
-        n_prompt = len(job.prompt_ids)
-        usage = Usage(prompt_tokens=n_prompt)
         if job.handle.cancelled:
+            usage = Usage(prompt_tokens=len(job.prompt_ids))
             self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
             return
-
+        n = len(job.prompt_ids)
+        start = self.prefix.acquire(job.session, job.prompt_ids) if self.prefix else 0
+        if start and self.runner is not None and self.runner.chunk_for(start, n) is None:
+            start = 0  # too many new tokens for a chunk graph: a full prefill is faster
+        self.prompt_tokens_reused += start
+        self.prompt_tokens_computed += n - start
         self.stats.requests += 1
-        self.stats.prompt_tokens += n_prompt
-        sampler = Sampler(params, self.device)
-        detok = IncrementalDetokenizer(tok, job.prompt_ids)
-        stops = StopMatcher(params.stop)
-        budget = min(params.max_tokens, self.max_context - n_prompt)
-        stamps: list[float] = []
-        finish, stop_hit = FinishReason.LENGTH, ""
-        completion = 0
+        self.stats.prompt_tokens += n
+        out = _Output(self, job, queue_ms, start)
+        budget = min(job.params.max_tokens, self.max_context - n)
+        try:
+            if self.runner is not None:
+                self._decode_gpu(job, out, budget, start)
+            else:
+                self._decode_cpu(job, out, budget, start)
+        except BaseException:
+            if self.prefix:
+                self.prefix.invalidate()
+            raise
+        if self.prefix:
+            # Valid keys/values: the prompt and every generated token fed back as input.
+            self.prefix.commit(job.session, job.prompt_ids + out.token_ids[:-1])
+        out.done()
 
-        ids = torch.tensor([job.prompt_ids], dtype=torch.long, device=self.device)
-        logits = model(ids, torch.arange(n_prompt, device=self.device), n_prompt, last_only=True)
-        pos = n_prompt
-        for step in range(budget):
-            row = logits[0, -1].float()
-            token = sampler(row)
-            token_id = int(token.item())
-            if token_id in tok.eos_token_ids:
-                finish = FinishReason.END_OF_TEXT
-                break
-            completion += 1
-            self.stats.generated_tokens += 1
-            text, stop_hit_or_none = stops.feed(detok.push(token_id))
-            logprob = (float(row.log_softmax(-1)[token_id]),) if params.logprobs else ()
-            stamps.append(time.perf_counter())
-            if not self._emit(job, TokenEvent(text, (token_id,), logprob)):
-                finish = job.handle.reason
-                break
-            if stop_hit_or_none is not None:
-                finish, stop_hit = FinishReason.STOP, stop_hit_or_none
-                break
-            if job.handle.cancelled:
-                finish = job.handle.reason
-                break
-            if step + 1 == budget:
-                break
-            if self.hooks.before_step is not None:
-                self.hooks.before_step(job.request_id, completion)
-            logits = model(token.view(1, 1), torch.tensor([pos], device=self.device), pos + 1)
-            pos += 1
-        if finish in (FinishReason.LENGTH, FinishReason.END_OF_TEXT):
-            rest = stops.flush()
+    def _decode_cpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
+        assert self.model is not None
+        model, n, params = self.model, len(job.prompt_ids), job.params
+        sampler = Sampler(params, self.device)
+        spec = Speculator(self.config.speculative_k)
+        ids = torch.tensor([job.prompt_ids[start:]], dtype=torch.long, device=self.device)
+        logits = model(ids, torch.arange(start, n, device=self.device), n, last_only=True)
+        row = logits[0, -1].float()
+        token_id = int(sampler(row))
+        history = [*job.prompt_ids, token_id]
+        if not out.token(token_id, self._logprob(row, token_id, params)):
+            return
+        pos, produced = n, 1  # token_id sits at pos, not yet fed to the model
+        try:
+            while produced < budget:
+                draft = spec.draft(history, budget - produced)
+                inputs = torch.tensor([[token_id, *draft]], device=self.device)
+                positions = torch.arange(pos, pos + 1 + len(draft), device=self.device)
+                rows = model(inputs, positions, pos + 1 + len(draft))[0].float()
+                if draft:
+                    if params.greedy:
+                        tokens = accept_greedy(rows.argmax(-1), draft)
+                    else:
+                        assert sampler.generator is not None
+                        tokens = accept_sampled(rows, draft, params, sampler.generator)
+                    spec.record(len(draft), len(tokens) - 1)
+                else:
+                    tokens = [int(sampler(rows[0]))]
+                for i, t in enumerate(tokens[: budget - produced]):
+                    produced += 1
+                    history.append(t)
+                    if not out.token(t, self._logprob(rows[i], t, params)):
+                        return
+                pos += len(tokens)
+                token_id = tokens[-1]
+        finally:
+            self._count_speculation(spec)
+
+    def _count_speculation(self, spec: Speculator) -> None:
+        stats = self.speculation_stats
+        stats["verifies"] += spec.verifies
+        stats["drafted"] += spec.drafted
+        stats["accepted"] += spec.accepted
+
+    @staticmethod
+    def _logprob(row: torch.Tensor, token_id: int, params: GenerationParams) -> float:
+        return float(row.log_softmax(-1)[token_id]) if params.logprobs else 0.0
+
+    def _decode_gpu(self, job: _Job, out: _Output, budget: int, start: int) -> None:
+        """The runner launches step n+1 before handing over token n, so detokenising,
+        stop checks and streaming overlap the GPU's work (see GraphRunner.generate)."""
+        runner, params = self.runner, job.params
+        assert runner is not None
+        if not params.greedy:
+            seed = (
+                params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
+            )
+            runner.sampler.set_request(params, seed)
+        if params.greedy and self.config.speculative_k > 0:
+            spec = Speculator(self.config.speculative_k)
+            tokens = runner.generate_speculative(job.prompt_ids, budget, start, spec)
+        else:
+            spec = None  # sampling on the GPU decodes without drafts (see speculative.py)
+            tokens = runner.generate(job.prompt_ids, params.greedy, budget, start)
+        try:
+            for token_id, logprob in tokens:
+                if not out.token(token_id, logprob):
+                    return
+        finally:
+            if spec is not None:
+                self._count_speculation(spec)
+
+
+class _Output:
+    """Turns sampled token ids into events: detokenising, stop strings, EOS,
+    cancellation, timings. token() returns False when generation must end."""
+
+    def __init__(self, engine: Engine, job: _Job, queue_ms: float, cached: int) -> None:
+        self.engine, self.job, self.queue_ms, self.cached = engine, job, queue_ms, cached
+        self.token_ids: list[int] = []
+        self.detok = IncrementalDetokenizer(engine.tokenizer, job.prompt_ids)
+        self.stops = StopMatcher(job.params.stop)
+        self.stamps: list[float] = []
+        self.completion = 0
+        self.finish, self.stop_hit = FinishReason.LENGTH, ""
+
+    def token(self, token_id: int, logprob: float) -> bool:
+        job = self.job
+        if token_id in self.engine.tokenizer.eos_token_ids:
+            self.finish = FinishReason.END_OF_TEXT
+            return False
+        self.completion += 1
+        self.engine.stats.generated_tokens += 1
+        self.token_ids.append(token_id)
+        text, stop = self.stops.feed(self.detok.push(token_id))
+        self.stamps.append(time.perf_counter())
+        lp = (logprob,) if job.params.logprobs else ()
+        if not self.engine._emit(job, TokenEvent(text, (token_id,), lp)):
+            self.finish = job.handle.reason
+            return False
+        if stop is not None:
+            self.finish, self.stop_hit = FinishReason.STOP, stop
+            return False
+        if job.handle.cancelled:
+            self.finish = job.handle.reason
+            return False
+        hook = self.engine.hooks.before_step
+        if hook is not None:
+            hook(job.request_id, self.completion)
+        return True
+
+    def done(self) -> None:
+        job = self.job
+        if self.finish in (FinishReason.LENGTH, FinishReason.END_OF_TEXT):
+            rest, stop = self.stops.flush()
             if rest:
-                self._emit(job, TokenEvent(rest, ()))
+                self.engine._emit(job, TokenEvent(rest, ()))
+            if stop is not None:
+                self.finish, self.stop_hit = FinishReason.STOP, stop
         end = time.perf_counter()
+        stamps = self.stamps
         timings = Timings(
-            queue_ms=queue_ms,
+            queue_ms=self.queue_ms,
             ttft_ms=((stamps[0] if stamps else end) - job.arrival) * 1e3,
             total_ms=(end - job.arrival) * 1e3,
             inter_token_ms=tuple((b - a) * 1e3 for a, b in itertools.pairwise(stamps)),
         )
-        usage = Usage(prompt_tokens=n_prompt, completion_tokens=completion)
-        self._emit(job, DoneEvent(finish, usage, timings, stop=stop_hit))
+        usage = Usage(len(job.prompt_ids), self.completion, cached_prompt_tokens=self.cached)
+        self.engine._emit(job, DoneEvent(self.finish, usage, timings, stop=self.stop_hit))

@@ -1,33 +1,21 @@
 """The decoder: one compact Llama-family transformer (Llama 2/3, Mistral, Qwen2).
 
-Linear layers are plain `nn.Linear` so quantisation can swap them for its own
-modules; q/k/v and gate/up are fused into one matrix each at load time.
+Linear layers are plain `nn.Linear` so quantisation and the GPU's GEMV can swap
+them for their own modules; q/k/v and gate/up are fused into one matrix each at
+load time. The glue between the matrix products (norms, RoPE + cache write,
+SiLU·mul, attention) goes through `self.ops`: PyTorch on the CPU, fused Triton
+kernels on the GPU. The residual add is folded into the following norm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nib.engine.config import ModelConfig
 from nib.engine.kv_cache import KVCache
-from nib.engine.rope import apply_rope, cos_sin_table
-
-# attend(q [1,H,T,D], cache, input_pos [T], kv_len) -> [1,H,T,D]
-AttentionFn = Callable[[torch.Tensor, KVCache, torch.Tensor, int | None], torch.Tensor]
-
-
-def eager_attention(
-    q: torch.Tensor, cache: KVCache, input_pos: torch.Tensor, kv_len: int | None
-) -> torch.Tensor:
-    """Causal attention over the filled part of the cache (kv_len positions)."""
-    n = cache.k.shape[2] if kv_len is None else kv_len
-    k, v = cache.k[:, :, :n], cache.v[:, :, :n]
-    mask = torch.arange(n, device=q.device)[None, :] <= input_pos[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+from nib.engine.ops import AttentionFn, TorchOps
+from nib.engine.rope import cos_sin_table
 
 
 class RMSNorm(nn.Module):
@@ -35,12 +23,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, as the reference implementation does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -54,35 +36,30 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
         input_pos: torch.Tensor,
         kv_len: int | None,
         attend: AttentionFn,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ops: TorchOps,
     ) -> torch.Tensor:
         cfg = self.cfg
-        bsz, t, _ = x.shape
-        q, k, v = self.wqkv(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(bsz, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = k.view(bsz, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = v.view(bsz, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         assert self.cache is not None, "call Transformer.setup_cache() first"
-        self.cache.update(input_pos, k, v)
+        q = ops.rope_cache(
+            self.wqkv(x), input_pos, rope[0], rope[1], self.cache, cfg.num_heads, cfg.num_kv_heads
+        )
         y = attend(q, self.cache, input_pos, kv_len)
+        bsz, _, t, _ = y.shape
         return self.wo(y.transpose(1, 2).reshape(bsz, t, cfg.q_size))
 
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).split(self.intermediate, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+        return self.w_down(ops.silu_mul(self.w_gate_up(x)))
 
 
 class Block(nn.Module):
@@ -92,18 +69,6 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = FeedForward(cfg)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        input_pos: torch.Tensor,
-        kv_len: int | None,
-        attend: AttentionFn,
-    ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, input_pos, kv_len, attend)
-        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -116,7 +81,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.attend: AttentionFn = eager_attention
+        self.ops = TorchOps()
         self.max_context = 0
 
     def setup_cache(self, max_context: int) -> None:
@@ -139,17 +104,31 @@ class Transformer(nn.Module):
         kv_len: int | None = None,
         *,
         last_only: bool = False,
+        gather_index: torch.Tensor | None = None,
+        attend: AttentionFn | None = None,
     ) -> torch.Tensor:
-        """tokens [1, T] at positions input_pos [T] -> logits [1, T or 1, vocab].
+        """tokens [1, T] at positions input_pos [T] -> logits [1, T (or 1), vocab].
 
-        kv_len: how many cache positions are filled after this call (the
-        attention reads only those); None reads the whole cache (fixed shape).
+        kv_len: cache positions filled after this call, for the default
+        attention (None: the whole cache). last_only / gather_index (a device
+        [1] index) keep one row before the lm_head. attend overrides the
+        attention (the GPU graphs pass their own).
         """
-        x = self.tok_embeddings(tokens)
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
-        for layer in self.layers:
-            x = layer(x, cos, sin, input_pos, kv_len, self.attend)
-        if last_only:
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        attend = attend or ops.attend
+        rope = (self.rope_cos, self.rope_sin)
+        residual = self.tok_embeddings(tokens)
+        x = ops.rms_norm(residual, self.layers[0].attention_norm.weight, eps)
+        for i, layer in enumerate(self.layers):
+            x = layer.attention(x, input_pos, kv_len, attend, rope, ops)
+            x = ops.add_rms_norm(x, residual, layer.ffn_norm.weight, eps)
+            x = layer.feed_forward(x, ops)
+            last = i + 1 == len(self.layers)
+            next_norm = self.norm if last else self.layers[i + 1].attention_norm
+            x = ops.add_rms_norm(x, residual, next_norm.weight, eps)
+        if gather_index is not None:
+            x = x.index_select(1, gather_index)
+        elif last_only:
             x = x[:, -1:]
-        result: torch.Tensor = self.output(self.norm(x))
+        result: torch.Tensor = self.output(x)
         return result

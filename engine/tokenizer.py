@@ -3,30 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-
-@dataclass(frozen=True)
-class FimTemplate:
-    """Special tokens of one fill-in-the-middle convention (prefix-suffix-middle order)."""
-
-    name: str
-    prefix: str
-    suffix: str
-    middle: str
-    file_sep: str | None = None  # token that introduces a file path, where the family has one
-
-
-# Checked in order; the first whose three tokens are all in the vocabulary wins.
-FIM_TEMPLATES = (
-    FimTemplate("nib", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"),
-    FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>"),
-    FimTemplate("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-    FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>"),
-)
+from nib.engine.fim import detect
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<eos>")
 
@@ -48,14 +29,11 @@ class Tokenizer:
         if not eos:
             eos = {i for t in EOS_CANDIDATES if (i := self._tok.token_to_id(t)) is not None}
         self.eos_token_ids = frozenset(eos)
-        self.fim = next(
-            (
-                t
-                for t in FIM_TEMPLATES
-                if all(self._tok.token_to_id(s) is not None for s in (t.prefix, t.suffix, t.middle))
-            ),
-            None,
-        )
+        self.fim = detect(self._tok.token_to_id)
+        if self.fim is not None and self.fim.end is not None:
+            end = self._tok.token_to_id(self.fim.end)
+            if end is not None:  # the family ends an infill with its own token
+                self.eos_token_ids = frozenset({*self.eos_token_ids, end})
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
@@ -72,17 +50,10 @@ class Tokenizer:
         return int(i)
 
     def encode_infill(self, prefix: str, suffix: str, path: str = "") -> list[int]:
-        """Prompt ids for generating what goes between prefix and suffix (PSM order)."""
+        """Prompt ids for generating what goes between prefix and suffix (see fim.py)."""
         if self.fim is None:
             raise ValueError("this model's tokenizer has no fill-in-the-middle tokens")
-        t = self.fim
-        ids: list[int] = []
-        if path and t.file_sep is not None and self._tok.token_to_id(t.file_sep) is not None:
-            ids += [self.token_id(t.file_sep), *self.encode(path + "\n")]
-        ids += [self.token_id(t.prefix), *self.encode(prefix)]
-        ids += [self.token_id(t.suffix), *self.encode(suffix)]
-        ids += [self.token_id(t.middle)]
-        return ids
+        return self.fim.build(self.encode, self._tok.token_to_id, prefix, suffix, path)
 
 
 class IncrementalDetokenizer:
@@ -112,10 +83,13 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Holds back text that could still become a stop string; finds the first stop.
+    """Finds the stop string that starts first in the generated text, and holds
+    back text that could still be the start of one.
 
-    feed() returns (text safe to emit, matched stop or None). After a match the
-    text before the stop is returned and the rest dropped.
+    feed() returns (text safe to emit, matched stop or None); after a match the
+    text before the stop has been returned and the rest is dropped. A stop that
+    has completed is only reported once no other stop could still complete at
+    an earlier position; at the end of generation flush() settles that.
     """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
@@ -125,21 +99,28 @@ class StopMatcher:
     def feed(self, text: str) -> tuple[str, str | None]:
         if not self._stops:
             return text, None
-        buf = self._pending + text
-        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
-        if hits:
-            index, stop = min(hits)
-            self._pending = ""
-            return buf[:index], stop
-        hold = 0
-        for s in self._stops:
-            for k in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        self._pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold], None
+        return self._scan(self._pending + text, final=False)
 
-    def flush(self) -> str:
-        text, self._pending = self._pending, ""
-        return text
+    def flush(self) -> tuple[str, str | None]:
+        """At the end of generation: the held-back text, cut at a stop if one is in it."""
+        return self._scan(self._pending, final=True)
+
+    def _scan(self, buf: str, final: bool) -> tuple[str, str | None]:
+        hits = [(i, -len(s), s) for s in self._stops if (i := buf.find(s)) >= 0]
+        first = min(hits) if hits else None
+        end = first[0] if first else len(buf)
+        # The earliest position before `end` where a stop could still begin.
+        partial = None
+        if not final:
+            for j in range(max(0, len(buf) - max(map(len, self._stops)) + 1), end):
+                tail = buf[j:]
+                if any(len(s) > len(tail) and s.startswith(tail) for s in self._stops):
+                    partial = j
+                    break
+        if partial is not None:
+            self._pending = buf[partial:]
+            return buf[:partial], None
+        self._pending = ""
+        if first is not None:
+            return buf[: first[0]], first[2]
+        return buf, None

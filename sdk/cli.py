@@ -1,7 +1,7 @@
-"""The `nib` command: serve, complete, health, info, lsp.
+"""The `nib` command: serve, quantize, complete, health, info, lsp.
 
-Client commands need only the base install; `nib serve` needs the server
-extra (`pip install 'nib[server]'`) and imports it lazily.
+Client commands need only the base install; `nib serve` and `nib quantize`
+need the server extra (`pip install 'nib[server]'`) and import it lazily.
 """
 
 from __future__ import annotations
@@ -100,6 +100,18 @@ def cmd_serve(argv: Sequence[str]) -> int:
     return serve_main(argv)
 
 
+def cmd_quantize(argv: Sequence[str]) -> int:
+    try:
+        from nib.engine.quant.cli import main as quantize_main
+    except ImportError as exc:
+        print(
+            f"nib quantize needs the server extra: pip install 'nib[server]' ({exc})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return quantize_main(argv)
+
+
 def cmd_lsp(argv: Sequence[str]) -> int:
     from nib.bridge.cli import main as lsp_main
 
@@ -110,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nib", description="Streaming code completions.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", help="serve a model over gRPC (needs nib[server])", add_help=False)
+    sub.add_parser(
+        "quantize", help="GPTQ-quantise a model to INT4 (needs nib[server])", add_help=False
+    )
     sub.add_parser("lsp", help="the editor bridge: a Language Server on stdio", add_help=False)
 
     p = sub.add_parser(
@@ -151,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return cmd_serve(argv[1:])
+    if argv and argv[0] == "quantize":
+        return cmd_quantize(argv[1:])
     if argv and argv[0] == "lsp":
         return cmd_lsp(argv[1:])
     args = build_parser().parse_args(argv)

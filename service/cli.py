@@ -26,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks one)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument(
+        "--quant",
+        default="auto",
+        choices=["auto", "none", "int4"],
+        help="weights: auto (as the checkpoint is; GPTQ runs INT4), none, or int4 "
+        "(round-to-nearest at load for 16-bit checkpoints)",
+    )
     p.add_argument("--max-context", type=int, default=2048, help="tokens of prompt + completion")
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=64, help="max_tokens when unset")
@@ -105,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_tokens_limit=args.max_tokens_limit,
         default_max_tokens=args.default_max_tokens,
         max_queue=args.max_queue,
+        quant=args.quant,
     )
     config = ServerConfig(
         engine=engine,

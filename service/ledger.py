@@ -172,7 +172,7 @@ class Ledger:
             ids = await loop.run_in_executor(
                 self._tokenizer, self.engine.encode_prompt, spec.prompt
             )
-            completion = Completion(self.engine, ids, spec.params, spec.request_id)
+            completion = Completion(self.engine, ids, spec.params, spec.request_id, caller.session)
         except EngineError as exc:
             self.rejected(request_id, caller, status_for(exc), str(exc))
             raise

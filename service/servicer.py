@@ -20,6 +20,17 @@ from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
 SESSION_ID_HEADER = "nib-session-id"
+MAX_SESSION_ID = 128
+
+
+def client_session(context: grpc.aio.ServicerContext) -> str:
+    """The session id the client sent in its metadata (printable, bounded), or ""."""
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_ID_HEADER and isinstance(value, str):
+            return value[:MAX_SESSION_ID] if value.isprintable() else ""
+    return ""
+
+
 log = structlog.get_logger("nib.service")
 
 
@@ -38,8 +49,11 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompleteResponse]:
+        # A client may name its editing session (the same header Session answers with):
+        # the engine then keeps that session's prompt prefix cached across calls.
+        session_id = client_session(context)
         tracked = await self.ledger.open(
-            request, Caller("Complete", current_tenant()), lambda: cancel_cause(context)
+            request, Caller("Complete", current_tenant(), session_id), lambda: cancel_cause(context)
         )
         rid = tracked.request_id
         structlog.contextvars.bind_contextvars(request_id=rid)
@@ -63,7 +77,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
     async def Session(
         self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionResponse]:
-        session_id = uuid.uuid4().hex[:16]
+        session_id = client_session(context) or uuid.uuid4().hex[:16]
         structlog.contextvars.bind_contextvars(session=session_id)
         log.debug("session opened")
         await context.send_initial_metadata(((SESSION_ID_HEADER, session_id),))

@@ -60,8 +60,11 @@ def test_stop_matcher_emits_exactly_the_text_before_the_first_stop(
         if hit is not None:
             break
     if hit is None:
-        emitted += matcher.flush()
+        rest, hit = matcher.flush()
+        emitted += rest
     first = min((i for s in stops if (i := full.find(s)) >= 0), default=None)
+    # Reproduces a case hypothesis found: the stop that completes first is not the
+    # one that starts first.
     if first is None:
         assert hit is None and emitted == full
     else:
@@ -69,11 +72,21 @@ def test_stop_matcher_emits_exactly_the_text_before_the_first_stop(
         assert full[first:].startswith(hit)
 
 
+def test_stop_that_starts_first_wins_even_if_it_completes_later() -> None:
+    matcher = StopMatcher(("a", "\naa"))
+    out1 = matcher.feed("\na")
+    out2 = matcher.feed("a")
+    assert out1 == ("", None) and out2 == ("", "\naa")
+    late = StopMatcher(("a", "\naa"))
+    assert late.feed("\na") == ("", None)
+    assert late.flush() == ("\n", "a")  # the longer stop never completed
+
+
 def test_infill_prompt_uses_fim_tokens(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     tok = _tokenizer(tmp_path_factory)
     ids = tok.encode_infill("def f(", "):\n    pass")
     fim = tok.fim
-    assert fim is not None and fim.name == "nib"
+    assert fim is not None and fim.family == "qwen2.5-coder"
     assert ids[0] == tok.token_id(fim.prefix)
     assert ids[-1] == tok.token_id(fim.middle)
     assert tok.token_id(fim.suffix) in ids

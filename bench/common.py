@@ -1,0 +1,46 @@
+"""Shared by the benchmarks: the copy-bandwidth ceiling, device naming, README tables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+README = Path(__file__).resolve().parent / "README.md"
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """Median device-to-device copy bandwidth, counting bytes read + written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    src.random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(iters + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    median = sorted(times[3:])[iters // 2]
+    return 2 * nbytes / median / 1e9
+
+
+def device_name() -> str:
+    props = torch.cuda.get_device_properties(0)
+    return f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)"
+
+
+def write_readme_table(section: str, caption: str, lines: list[str]) -> None:
+    """Replace the table between <!-- BEGIN section --> and <!-- END section -->."""
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    block = (
+        f"<!-- BEGIN {section} -->\n{caption}\n\n" + "\n".join(lines) + f"\n<!-- END {section} -->"
+    )
+    pattern = re.compile(rf"<!-- BEGIN {section} -->.*?<!-- END {section} -->", re.S)
+    text = (
+        pattern.sub(block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    )
+    README.write_text(text)

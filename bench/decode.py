@@ -1,0 +1,391 @@
+"""Batch-1 decode latency: nib against transformers, in one process, one run.
+
+    python3 bench/decode.py                      # both shapes, prompt 512, 128 new tokens
+    python3 bench/decode.py --shapes qwen2.5-coder-1.5b --impls nib-graphs
+
+Randomly initialised models of real shapes (weights cannot be downloaded
+here), bf16, greedy. For every row: median and p90 ms per decoded token
+(host-observed: time between consecutive tokens reaching the host), time to
+first token, the bytes a decode step must read (weights + the KV cache at the
+mean context), the floor those bytes imply at the device-to-device copy
+bandwidth measured in the same run, and the fraction of that floor achieved.
+For nib's graph path it also profiles one decode step: kernels per step, the
+sum of kernel times, and the graph replay time (the difference is the gaps).
+
+Writes bench/results/<date>-decode.json and the table in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import copy_bandwidth_gbps, device_name, write_readme_table  # noqa: E402
+
+from nib.engine.config import ModelConfig  # noqa: E402
+
+SHAPES: dict[str, dict[str, object]] = {
+    "llama-2-7b": dict(
+        model_type="llama",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-coder-1.5b": dict(
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+}
+IMPLS = (
+    "nib-eager",
+    "nib-graphs",
+    "nib-int4-graphs",
+    "hf-eager",
+    "hf-static-compile",
+    "torch-int4-compile",
+)
+LONG_IMPLS = ("nib-graphs", "nib-int4-graphs")  # also measured at --long-prompt
+
+
+def build_hf(shape: str) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES[shape])
+    config = AutoConfig.for_model(str(spec.pop("model_type")), **spec)
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def build_nib(hf: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    from nib.engine.loader import build_model
+
+    cfg = ModelConfig.from_hf(hf.config.to_dict())
+    state = hf.state_dict()
+    return build_model(cfg, {n: (lambda t=t: t) for n, t in state.items()}, dtype, "cuda")
+
+
+def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.Module:
+    """nib's GPU model: fused glue ops, tuned GEMV (16-bit) or RTN INT4 linears (fp16)."""
+    from nib.engine.kernels.gemv import swap_in_gemv
+    from nib.engine.ops import TritonOps
+
+    model = build_nib(hf, torch.float16 if int4 else torch.bfloat16)
+    model.setup_cache(max_context)
+    model.ops = TritonOps()
+    if int4:
+        from nib.engine.quant.swap import quantize_model
+
+        quantize_model(model)
+    print(f"gemv choices {swap_in_gemv(model)}", flush=True)
+    return model
+
+
+def run_torch_int4(hf: torch.nn.Module, prompt: list[int], new: int, reps: int) -> dict[str, float]:
+    from torch_int4 import compiled_decode_step, prefill, swap_torch_int4
+
+    model = build_nib(hf, torch.bfloat16)
+    model.setup_cache(len(prompt) + new + 16)
+    swap_torch_int4(model)
+    step = compiled_decode_step(model)
+    ids = torch.tensor([prompt], device="cuda")
+    started = time.perf_counter()
+    results = []
+    for rep in range(reps + 2):  # two warm-up runs compile and capture
+        torch.cuda.synchronize()
+        stamps: list[float] = []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            token = prefill(model, ids)
+            stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
+            for i in range(new - 1):
+                token = step(token.view(1, 1), torch.tensor([len(prompt) + i], device="cuda"))
+                stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
+        if rep >= 2:
+            results.append(summarise(stamps, start))
+        elif rep == 1:
+            warm_s = time.perf_counter() - started
+    row = _median_row(results)
+    row["warmup_s"] = warm_s
+    del model, step
+    return row
+
+
+def bytes_per_token(cfg, context: int, weight_bytes: float = 2.0) -> int:  # type: ignore[no-untyped-def]
+    """What one decode step must read: every linear (incl. the lm_head), the norms, one
+    embedding row, and the KV cache (16-bit) at `context` positions."""
+    per_layer = cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+    per_layer += 3 * cfg.hidden_size * cfg.intermediate_size
+    linear = (cfg.num_layers * per_layer + cfg.vocab_size * cfg.hidden_size) * weight_bytes
+    norms = (2 * cfg.num_layers + 1) * cfg.hidden_size * 2
+    kv = 2 * cfg.num_layers * context * cfg.kv_size * 2
+    return int(linear + norms + cfg.hidden_size * 2 + kv)
+
+
+def summarise(stamps: list[float], start: float) -> tuple[float, float, float]:
+    gaps = sorted((b - a) * 1e3 for a, b in itertools.pairwise(stamps))
+    median = statistics.median(gaps)
+    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+    return median, p90, (stamps[0] - start) * 1e3
+
+
+def run_nib(
+    model: torch.nn.Module, use_graphs: bool, prompt: list[int], new: int, reps: int
+) -> dict[str, float]:
+    from nib.engine.graphs import GraphRunner
+
+    runner = GraphRunner(model, len(prompt) + new + 16, use_graphs=use_graphs)
+    started = time.perf_counter()
+    runner.capture()
+    capture_s = time.perf_counter() - started
+    results = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        stamps: list[float] = []
+        start = time.perf_counter()
+        for _token in runner.generate(prompt, True, new):
+            stamps.append(time.perf_counter())
+        assert len(stamps) == new
+        results.append(summarise(stamps, start))
+    row = _median_row(results)
+    row["capture_s"] = capture_s
+    if use_graphs:
+        row.update(profile_decode_step(runner))
+    del runner
+    return row
+
+
+def profile_decode_step(runner) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Kernels per decode step and their summed time (eager run of the step body under the
+    profiler) against the graph replay time of the same step: the difference is the gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = 5
+    name = runner._decode_name(0, True)
+    body, graph = runner.bodies[name], runner.graphs.get(name)
+    with torch.cuda.stream(runner.stream), torch.inference_mode():
+        runner.pos.fill_(300)
+        body()
+    runner.stream.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch.cuda.stream(runner.stream), torch.inference_mode():
+            for _ in range(steps):
+                runner.pos.fill_(300)
+                body()
+        runner.stream.synchronize()
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name
+    ]
+    kernel_us = sum(e.device_time_total for e in kernels) / steps
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.device_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    breakdown = [
+        {"kernel": k, "per_step": len(v) / steps, "us_per_step": sum(v) / steps} for k, v in top
+    ]
+    for b in breakdown:
+        print(f"  {b['us_per_step']:9.1f} us  x{b['per_step']:5.1f}  {b['kernel']}", flush=True)
+    fills = sum(1 for e in kernels if "fill" in e.name.lower()) / steps  # pos.fill_ of this harness
+    replay_us = float("nan")
+    if graph is not None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(runner.stream):
+            start.record()
+            for _ in range(50):
+                graph.replay()
+            end.record()
+        end.synchronize()
+        replay_us = start.elapsed_time(end) * 1e3 / 50
+    return {
+        "kernels_per_step": len(kernels) / steps - fills,
+        "kernel_sum_us": kernel_us,
+        "graph_replay_us": replay_us,
+    }
+
+
+class _TimingStreamer:
+    """transformers streamer protocol: put() per step (the prompt first), end() at the end."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def run_hf(
+    hf: torch.nn.Module, static: bool, prompt: list[int], new: int, reps: int
+) -> dict[str, float]:
+    ids = torch.tensor([prompt], device="cuda")
+    kwargs: dict[str, object] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    if static:
+        kwargs["cache_implementation"] = "static"
+    started = time.perf_counter()
+    warmups = 2 if static else 1  # the static cache compiles on its first calls
+    for _ in range(warmups):
+        hf.generate(ids, **kwargs)
+    warm_s = time.perf_counter() - started
+    results = []
+    for _ in range(reps):
+        streamer = _TimingStreamer()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        hf.generate(ids, streamer=streamer, **kwargs)
+        results.append(summarise(streamer.stamps[1:], start))
+    row = _median_row(results)
+    row["warmup_s"] = warm_s
+    return row
+
+
+def _median_row(results: list[tuple[float, float, float]]) -> dict[str, float]:
+    return {
+        "ms_per_token_median": statistics.median(r[0] for r in results),
+        "ms_per_token_p90": statistics.median(r[1] for r in results),
+        "ttft_ms": statistics.median(r[2] for r in results),
+    }
+
+
+def bench_shape(
+    shape: str, impls: list[str], prompt: list[int], new: int, reps: int, bandwidth: float,
+    long_prompt: list[int],
+) -> list[dict[str, object]]:  # fmt: skip
+    hf = build_hf(shape)
+    cfg = ModelConfig.from_hf(hf.config.to_dict())
+    rows: list[dict[str, object]] = []
+    for impl in impls:
+        int4 = "int4" in impl
+        runs = [prompt] + ([long_prompt] if impl in LONG_IMPLS and long_prompt else [])
+        if impl.startswith("nib"):
+            model = prepare_nib(hf, int4, max(len(p) for p in runs) + new + 16)
+        for p in runs:
+            if impl.startswith("nib"):
+                row = run_nib(model, impl != "nib-eager", p, new, reps)
+            elif impl == "torch-int4-compile":
+                row = run_torch_int4(hf, p, new, reps)
+            else:
+                row = run_hf(hf, impl == "hf-static-compile", p, new, reps)
+            nbytes = bytes_per_token(cfg, len(p) + new // 2, 0.5 + 2 / 128 if int4 else 2.0)
+            floor = nbytes / (bandwidth * 1e9) * 1e3
+            full = {
+                "shape": shape,
+                "impl": impl,
+                "context": len(p) + new,
+                **row,
+                "bytes_per_token": nbytes,
+                "floor_ms": floor,
+                "fraction_of_floor": floor / row["ms_per_token_median"],
+            }
+            rows.append(full)
+            print(json.dumps(full), flush=True)
+        if impl.startswith("nib"):
+            del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--long-prompt", type=int, default=3968, help="nib graph rows also here (0: skip)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    bandwidth = copy_bandwidth_gbps()
+    print(f"device-to-device copy bandwidth: {bandwidth:.0f} GB/s", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, object]] = []
+    gen = torch.Generator().manual_seed(0)
+    for shape in args.shapes.split(","):
+        prompt = torch.randint(0, 256, (args.prompt,), generator=gen).tolist()
+        long_prompt = torch.randint(0, 256, (args.long_prompt,), generator=gen).tolist()
+        rows += bench_shape(
+            shape, args.impls.split(","), prompt, args.new, args.reps, bandwidth, long_prompt
+        )
+        (args.out / "partial-decode.json").write_text(json.dumps(rows, indent=2) + "\n")
+        gc.collect()
+        torch.cuda.empty_cache()
+    today = dt.date.today().isoformat()
+    result = {
+        "date": today,
+        "device": device_name(),
+        "torch": torch.__version__,
+        "command": "python3 bench/decode.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "copy_bandwidth_gbps": bandwidth,
+        "prompt_tokens": args.prompt,
+        "new_tokens": args.new,
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{today}-decode.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "partial-decode.json").unlink(missing_ok=True)
+    table = [
+        "| shape | impl | ms/token (median) | p90 | TTFT ms | MB/token | floor ms | % of floor |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        table.append(
+            f"| {r['shape']} | {r['impl']} | {r['ms_per_token_median']:.3f} | {r['ms_per_token_p90']:.3f} | "
+            f"{r['ttft_ms']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['floor_ms']:.3f} | "
+            f"{100 * r['fraction_of_floor']:.0f}% |"
+        )
+    write_readme_table(
+        "decode",
+        f"{result['device']}, torch {result['torch']}, {today}, copy bandwidth {bandwidth:.0f} GB/s, `{result['command']}`",
+        table,
+    )
+    print(f"wrote {path}")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""INT4 linear layers on the GPU: cuBLAS fp16 vs PyTorch's INT4 (tinygemm) vs nib, in one run.
+
+    python bench/int4_linear.py [--out bench/results] [--write-tuned]
+
+Shapes: the linears of Llama-2-7B and Qwen2.5-Coder-1.5B at M = 1, 4, 16.
+Weights are rotated through enough copies that none sits in the 60 MiB L2, and
+every timing is of calls back to back inside one CUDA graph. For nib, a short
+list of kernel configurations (kernels.candidates) is tried per shape and the
+best kept. Napkin math: bytes = weight + scales; floor = bytes / the
+device-to-device copy bandwidth measured at the start of the same run.
+Writes bench/results/<date>-int4-linear.json, a table in bench/README.md, and
+with --write-tuned the best configurations to engine/quant/tuned.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbps, write_readme_table
+
+from nib.engine.quant import kernels
+from nib.engine.quant.layout import pack
+
+LAYERS = {
+    "llama-2-7b": {"qkv": (4096, 12288), "o_proj": (4096, 4096), "gate_up": (4096, 22016),
+                   "down": (11008, 4096), "lm_head": (4096, 32000)},
+    "qwen2.5-coder-1.5b": {"qkv": (1536, 2048), "o_proj": (1536, 1536), "gate_up": (1536, 17920),
+                           "down": (8960, 1536), "lm_head": (1536, 151936)},
+}  # fmt: skip
+MS = (1, 4, 16)
+ROTATE_BYTES = 512 << 20  # >> 60 MiB of L2
+CALLS = 40  # per graph
+BUDGET_S = 200.0  # stop trying extra nib configurations past this
+
+
+def time_in_graph(fns: list) -> float:
+    """Median microseconds per call of fns run round-robin, CALLS per CUDA graph replay."""
+    for f in fns:
+        f()  # compile / allocate before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fns[0]()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(CALLS):
+                fns[i % len(fns)]()
+    times = []
+    for _ in range(12):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / CALLS)
+    return statistics.median(times[2:])
+
+
+def copies(nbytes: int) -> int:
+    return max(2, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
+
+
+def bench_layer(k: int, n: int, m: int, deadline: float) -> list[dict]:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x16 = torch.randn(m, k, device="cuda", generator=g).half()
+    # cuBLAS fp16
+    w_bytes = n * k * 2
+    ws = [torch.randn(n, k, device="cuda", generator=g).half() for _ in range(copies(w_bytes))]
+    outs = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    us = time_in_graph([lambda w=w: torch.matmul(x16, w.t(), out=outs) for w in ws])
+    rows.append({"impl": "cublas-fp16", "us_median": us, "weight_bytes": w_bytes})
+    del ws
+    # codes and scales shared by the INT4 rows
+    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=g) * 0.02 + 1e-3).half()
+    q_bytes = n * k // 2 + scales.numel() * 2
+    # PyTorch INT4 (tinygemm): uint8 [N, K/2] with even k in the high nibble, bf16 activations,
+    # scales_and_zeros [K/128, N, 2] with w = (q - 8) * scale + zero, zero = 0 here.
+    tiny_bytes = n * k // 2 + scales.numel() * 4
+    u8 = (codes[:, 0::2] << 4 | codes[:, 1::2]).contiguous()
+    sz = torch.stack([scales.bfloat16(), torch.zeros_like(scales, dtype=torch.bfloat16)], dim=2)
+    packed = torch.ops.aten._convert_weight_to_int4pack(u8, 8)
+    x_bf = x16.bfloat16()
+    ref = (
+        x16.float()
+        @ ((codes.float() - 8).view(n, k // 128, 128) * scales.t().float()[:, :, None])
+        .view(n, k)
+        .t()
+    )
+    tiny_out = torch.ops.aten._weight_int4pack_mm(x_bf, packed, 128, sz)
+    tiny_err = float((tiny_out.float() - ref).norm() / ref.norm())
+    tiny = [packed] + [packed.clone() for _ in range(copies(tiny_bytes) - 1)]
+    us = time_in_graph(
+        [lambda p=p: torch.ops.aten._weight_int4pack_mm(x_bf, p, 128, sz) for p in tiny]
+    )
+    rows.append(
+        {"impl": "torch-int4", "us_median": us, "weight_bytes": tiny_bytes, "rel_err": tiny_err}
+    )
+    del tiny, packed
+    # nib: try the candidates, keep the best
+    qw = pack(codes)
+    nib = [(qw, scales)] + [(qw.clone(), scales.clone()) for _ in range(copies(q_bytes) - 1)]
+    out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    best: tuple[float, kernels.KernelConfig, float] | None = None
+    tried = []
+    configs = [kernels.choose(m, n, k), *kernels.candidates(m)]
+    for cfg in dict.fromkeys(configs):
+        if cfg.path == "gemv" and m > cfg.block_m:
+            continue
+        if best is not None and time.monotonic() > deadline:
+            break
+        try:
+            kernels.run(x16, qw, scales, None, cfg, out=out)
+            err = float((out.float() - ref).norm() / ref.norm())
+            if not err <= 1e-3:
+                tried.append(f"{cfg.label()}: WRONG (rel err {err:.1e})")
+                continue
+            us = time_in_graph(
+                [lambda w=w, s=s, c=cfg: kernels.run(x16, w, s, None, c, out=out) for w, s in nib]
+            )
+        except Exception as exc:  # a configuration that does not compile or launch here
+            tried.append(
+                f"{cfg.label()}: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            )
+            continue
+        tried.append(f"{cfg.label()}: {us:.2f} us")
+        if best is None or us < best[0]:
+            best = (us, cfg, err)
+    if best is not None:
+        rows.append({"impl": "nib-int4", "us_median": best[0], "weight_bytes": q_bytes,
+                     "config": best[1].label(), "config_fields": best[1].__dict__, "rel_err": best[2],
+                     "tried": tried})  # fmt: skip
+    else:
+        print(f"  nib: no configuration ran: {tried}", file=sys.stderr)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"### INT4 linear layers ({result['date']}, {result['device']}, torch {result['torch']})",
+        "",
+        f"`{result['command']}`; copy bandwidth measured in the same run: "
+        f"{result['copy_bandwidth_gbps']:.0f} GB/s. us per call inside a CUDA graph, weights "
+        "rotated out of L2; GB/s = weight + scale bytes / time.",
+        "",
+        "| layer | M | cuBLAS fp16 us | torch INT4 us | nib INT4 us | nib GB/s | nib / copy BW | nib config |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    by = {}
+    for r in result["rows"]:
+        by.setdefault((r["layer"], r["m"]), {})[r["impl"]] = r
+    for (layer, m), d in by.items():
+        nib = d.get("nib-int4")
+        cells = [
+            f"{d[i]['us_median']:.1f}" if i in d else "-"
+            for i in ("cublas-fp16", "torch-int4", "nib-int4")
+        ]
+        lines.append(
+            f"| {layer} | {m} | {' | '.join(cells)} | "
+            + (
+                f"{nib['gbps']:.0f} | {nib['fraction_of_copy_bw']:.2f} | {nib['config']} |"
+                if nib
+                else "- | - | - |"
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--write-tuned", action="store_true", help="write engine/quant/tuned.json")
+    p.add_argument("--no-readme", action="store_true", help="leave bench/README.md alone")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/int4_linear.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    bw = copy_bandwidth_gbps()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    rows, tuned = [], []
+    shapes = [
+        (model, name, k, n) for model, layers in LAYERS.items() for name, (k, n) in layers.items()
+    ]
+    total = len(shapes) * len(MS)
+    done = 0
+    for model, name, k, n in shapes:
+        for m in MS:
+            done += 1
+            deadline = started + BUDGET_S * done / total  # spread the tuning budget evenly
+            for r in bench_layer(k, n, m, deadline):
+                r.update(
+                    layer=f"{model}.{name}", m=m, gbps=r["weight_bytes"] / r["us_median"] / 1e3
+                )
+                r["fraction_of_copy_bw"] = r["gbps"] / bw
+                rows.append(r)
+                if r["impl"] == "nib-int4":
+                    tuned.append(
+                        kernels.TunedEntry(n, k, m, kernels.KernelConfig(**r["config_fields"]))
+                    )
+                print(f"  {r['layer']:<32} m={m:<3} {r['impl']:<12} {r['us_median']:8.2f} us "
+                      f"{r['gbps']:7.0f} GB/s {r.get('config', '')}", flush=True)  # fmt: skip
+    date = datetime.date.today().isoformat()
+    result = {
+        "date": date,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": "python " + " ".join(["bench/int4_linear.py", *sys.argv[1:]]),
+        "copy_bandwidth_gbps": bw,
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{date}-int4-linear.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    table = markdown(result)
+    if not args.no_readme:
+        caption = (
+            f"{result['device']}, torch {result['torch']}, {date}, copy bandwidth {bw:.0f} GB/s, "
+            f"`{result['command']}`"
+        )
+        write_readme_table("int4-linear", caption, table.rstrip("\n").split("\n"))
+    if args.write_tuned:
+        kernels.TUNED_FILE.write_text(kernels.tuned_entries_json(tuned))
+    summary(result, path, time.monotonic() - started)
+    return 0
+
+
+def summary(result: dict, path: Path, elapsed: float) -> None:
+    us = {(r["layer"], r["m"], r["impl"]): r["us_median"] for r in result["rows"]}
+
+    def layer_sum(model: str, m: int, impl: str) -> float:
+        names = ("qkv", "o_proj", "gate_up", "down")
+        return sum(us.get((f"{model}.{nm}", m, impl), float("nan")) for nm in names)
+
+    print(f"\nwrote {path} ({elapsed:.0f} s)\n")
+    print(f"{'target':<44} {'cublas-fp16':>12} {'torch-int4':>11} {'nib-int4':>9} {'bound':>6}")
+    checks = [
+        ("llama-2-7b one layer (4 linears), M=1", lambda i: layer_sum("llama-2-7b", 1, i), 32.0),
+        ("llama-2-7b one layer (4 linears), M=16", lambda i: layer_sum("llama-2-7b", 16, i), 40.0),
+        ("qwen2.5-1.5b one layer (4 linears), M=1", lambda i: layer_sum("qwen2.5-coder-1.5b", 1, i), 12.0),
+        ("llama-2-7b lm_head, M=1", lambda i: us.get(("llama-2-7b.lm_head", 1, i), float("nan")), 20.0),
+    ]  # fmt: skip
+    for label, f, bound in checks:
+        nib = f("nib-int4")
+        verdict = "ok" if nib <= bound else "MISS"
+        print(
+            f"{label:<44} {f('cublas-fp16'):12.1f} {f('torch-int4'):11.1f} {nib:9.1f} {bound:6.0f} {verdict}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""CUDA graphs for the decode loop: static buffers, captured prefill and decode steps.
+
+Everything a graph touches is allocated here, before capture: the prompt
+buffer, the current token and position (device tensors, so consecutive decode
+replays need no host input), the sampler's state, and pinned host slots that
+each step writes its token into. Graphs:
+
+- prefill-<B>-{greedy,sample}: a prompt padded to bucket B, from position 0;
+  samples the first token into slot 2.
+- chunk-<T>-{greedy,sample}: T new tokens after a reused prefix of device
+  length p0 (prefix reuse); attention is the split-K decode kernel with one
+  query per token, so only the filled cache is read.
+- verify-<T>: the current token and T-1 drafted ones (speculative decoding);
+  writes every position's argmax and its log-probability.
+- decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
+  slots, so the host can read step n while step n+1 already runs.
+
+A body that fails to capture runs eagerly instead (same code, no graph): the
+shape stays served, `fallbacks` counts it and the state says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from nib.engine.device_sampling import DeviceSampler
+from nib.engine.graphs_common import decode_attend_fn
+from nib.engine.kernels.decode_attention import DecodeAttention
+from nib.engine.model import Transformer
+from nib.engine.ops import fresh_prefill_attention
+from nib.engine.speculative import Speculator, accept_greedy
+
+log = logging.getLogger("nib.engine")
+
+PREFILL_SLOT = 2
+
+
+CHUNK_BUCKETS = (4, 8, 16, 32, 64, 128)
+VERIFY_BUCKETS = (4, 8)  # 1 current token + up to 7 drafted ones
+
+
+def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to max_context (which is always the last bucket)."""
+    buckets, b = [], smallest
+    while b < max_context:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, max_context)
+
+
+@dataclass
+class GraphState:
+    name: str
+    ready: bool = False
+    fallback: bool = False
+    capture_ms: float = 0.0
+    error: str = ""
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        model: Transformer,
+        max_context: int,
+        *,
+        buckets: tuple[int, ...] | None = None,
+        use_graphs: bool = True,
+        keep_logits: bool = False,
+        on_fallback: Callable[[str], None] | None = None,
+    ) -> None:
+        cfg = model.cfg
+        device = model.tok_embeddings.weight.device
+        self.model = model
+        self.device = device
+        self.use_graphs = use_graphs
+        self.buckets = buckets or bucket_ladder(max_context)
+        biggest = self.buckets[-1]
+        self.tokens_in = torch.zeros((1, biggest), dtype=torch.long, device=device)
+        self.positions = torch.arange(biggest, device=device)
+        # [n_prompt, index of the last prompt token in the step's input, reused prefix p0]
+        self.meta = torch.zeros(3, dtype=torch.long, device=device)
+        self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.sampler = DeviceSampler(cfg.vocab_size, device)
+        self.attention = DecodeAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device
+        )
+        self._decode_attend = decode_attend_fn(self.attention)
+        self.chunk_buckets = tuple(b for b in CHUNK_BUCKETS if b < max_context)
+        self.chunk_attention = DecodeAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device,
+            max_queries=max(self.chunk_buckets, default=1),
+        )  # fmt: skip
+        self._chunk_attend = decode_attend_fn(self.chunk_attention)
+        self.out_token = torch.zeros(3, dtype=torch.long).pin_memory()
+        self.out_logprob = torch.zeros(3, dtype=torch.float32).pin_memory()
+        self.verify_buckets = tuple(b for b in VERIFY_BUCKETS if b < max_context)
+        rows = max(self.verify_buckets, default=1)
+        self.out_rows = torch.zeros(rows, dtype=torch.long).pin_memory()
+        self.out_row_logprobs = torch.zeros(rows, dtype=torch.float32).pin_memory()
+        self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
+        self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
+        self.keep_logits = keep_logits  # tests: every step also copies its logits here
+        self.on_fallback = on_fallback  # told each time a shape runs eagerly for want of a graph
+        self.last_logits = torch.zeros(cfg.vocab_size, device=device)
+        self.stream = torch.cuda.Stream(device)
+        self.events = [torch.cuda.Event() for _ in range(3)]
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.states: dict[str, GraphState] = {}
+        self.fallbacks: dict[str, int] = {}
+        self.bodies: dict[str, Callable[[], None]] = {}
+        for b in self.buckets:
+            for greedy in (True, False):
+                self.bodies[self._prefill_name(b, greedy)] = partial(self._prefill_body, b, greedy)
+        for b in self.chunk_buckets:
+            for greedy in (True, False):
+                self.bodies[self._chunk_name(b, greedy)] = partial(self._chunk_body, b, greedy)
+        for b in self.verify_buckets:
+            self.bodies[f"verify-{b}"] = partial(self._verify_body, b)
+        for greedy in (True, False):
+            for parity in (0, 1):
+                self.bodies[self._decode_name(parity, greedy)] = partial(
+                    self._decode_body, parity, greedy
+                )
+        for name in self.bodies:
+            self.states[name] = GraphState(name)
+
+    # -- step bodies: graph-safe, and run as they are when a graph is missing --
+
+    @staticmethod
+    def _prefill_name(bucket: int, greedy: bool) -> str:
+        return f"prefill-{bucket}-{'greedy' if greedy else 'sample'}"
+
+    @staticmethod
+    def _chunk_name(bucket: int, greedy: bool) -> str:
+        return f"chunk-{bucket}-{'greedy' if greedy else 'sample'}"
+
+    @staticmethod
+    def _decode_name(parity: int, greedy: bool) -> str:
+        return f"decode-{'greedy' if greedy else 'sample'}-{parity}"
+
+    def _finish(self, logits: torch.Tensor, greedy: bool, slot: int) -> None:
+        row = logits[0, 0].float()
+        if self.keep_logits:
+            self.last_logits.copy_(row)
+        token = DeviceSampler.greedy(row) if greedy else self.sampler.sample(row)
+        logprob = row.gather(0, token) - row.logsumexp(dim=0, keepdim=True)
+        self.token.copy_(token.view(1, 1))
+        self.out_token[slot : slot + 1].copy_(token, non_blocking=True)
+        self.out_logprob[slot : slot + 1].copy_(logprob, non_blocking=True)
+
+    def _prefill_body(self, bucket: int, greedy: bool) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket],
+            gather_index=self.meta[1:2],
+            attend=fresh_prefill_attention,
+        )
+        self.pos.copy_(self.meta[0:1])
+        self._finish(logits, greedy, PREFILL_SLOT)
+
+    def _chunk_body(self, bucket: int, greedy: bool) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket] + self.meta[2:3],
+            gather_index=self.meta[1:2],
+            attend=self._chunk_attend,
+        )
+        self.pos.copy_(self.meta[0:1])
+        self._finish(logits, greedy, PREFILL_SLOT)
+
+    def _verify_body(self, bucket: int) -> None:
+        logits = self.model(
+            self.tokens_in[:, :bucket],
+            self.positions[:bucket] + self.meta[2:3],
+            attend=self._chunk_attend,
+        )[0].float()
+        best = logits.argmax(dim=-1)
+        logprob = logits.gather(1, best[:, None])[:, 0] - logits.logsumexp(dim=-1)
+        self.out_rows[:bucket].copy_(best, non_blocking=True)
+        self.out_row_logprobs[:bucket].copy_(logprob, non_blocking=True)
+
+    def _decode_body(self, parity: int, greedy: bool) -> None:
+        logits = self.model(self.token, self.pos, attend=self._decode_attend)
+        self.pos.add_(1)
+        self._finish(logits, greedy, parity)
+
+    # -- capture --------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Warm every body up (compiles kernels), then capture each into a graph."""
+        self._load_dummy_prompt()
+        with torch.cuda.stream(self.stream), torch.inference_mode():
+            for body in self.bodies.values():
+                body()
+                body()
+        self.stream.synchronize()
+        if not self.use_graphs:
+            return
+        pool = None
+        for name, body in self.bodies.items():
+            state = self.states[name]
+            started = time.perf_counter()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                    body()
+                pool = graph.pool() if pool is None else pool
+                self._load_dummy_prompt()
+                with torch.cuda.stream(self.stream):
+                    graph.replay()
+                self.stream.synchronize()
+                self.graphs[name] = graph
+                state.ready = True
+            except Exception as exc:  # keep serving this shape eagerly
+                state.fallback, state.error = True, f"{type(exc).__name__}: {exc}"
+                log.warning("graph %s failed to capture; running it eagerly: %s", name, state.error)
+                torch.cuda.synchronize()
+            state.capture_ms = (time.perf_counter() - started) * 1e3
+
+    def _load_dummy_prompt(self) -> None:
+        self.meta.copy_(torch.tensor([12, 3, 8]))
+        self.pos.fill_(8)
+        self.sampler.set_request_defaults()
+
+    # -- running --------------------------------------------------------------
+
+    def _run(self, name: str) -> None:
+        graph = self.graphs.get(name)
+        if graph is not None:
+            graph.replay()
+            return
+        if self.use_graphs:
+            self.fallbacks[name] = self.fallbacks.get(name, 0) + 1
+            if self.on_fallback is not None:
+                self.on_fallback(name)
+        with torch.inference_mode():
+            self.bodies[name]()
+
+    def bucket_for(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def chunk_for(self, start: int, n: int) -> int | None:
+        """The chunk bucket for prompt tokens [start, n), or None for a full prefill."""
+        new = n - start
+        for b in self.chunk_buckets:
+            if b >= new:
+                return b if start + b <= self.positions.numel() else None
+        return None
+
+    def prefill(self, prompt_ids: list[int], greedy: bool, start: int = 0) -> torch.cuda.Event:
+        """Prefill prompt_ids; the cache already holds valid keys/values for [0, start)."""
+        n = len(prompt_ids)
+        chunk = self.chunk_for(start, n) if start > 0 else None
+        if chunk is None:
+            start = 0
+        new = prompt_ids[start:]
+        staging = self._staging
+        staging[0], staging[1], staging[2] = n, len(new) - 1, start
+        staging[3 : 3 + len(new)] = torch.tensor(new, dtype=torch.long)
+        with torch.cuda.stream(self.stream):
+            self.meta.copy_(staging[:3], non_blocking=True)
+            self.tokens_in[0, : len(new)].copy_(staging[3 : 3 + len(new)], non_blocking=True)
+            if chunk is None:
+                self._run(self._prefill_name(self.bucket_for(n), greedy))
+            else:
+                self._run(self._chunk_name(chunk, greedy))
+            event = self.events[PREFILL_SLOT]
+            event.record(self.stream)
+        return event
+
+    def decode(self, parity: int, greedy: bool) -> torch.cuda.Event:
+        with torch.cuda.stream(self.stream):
+            self._run(self._decode_name(parity, greedy))
+            event = self.events[parity]
+            event.record(self.stream)
+        return event
+
+    def generate(
+        self, prompt_ids: list[int], greedy: bool, budget: int, start: int = 0
+    ) -> Iterator[tuple[int, float]]:
+        """Yield (token, logprob) for up to budget tokens. Step n+1 is launched before
+        token n is yielded (it is already on the device), so whatever the caller does
+        with token n overlaps the GPU's work; breaking out wastes at most that one step."""
+        first = (self.prefill(prompt_ids, greedy, start), PREFILL_SLOT)
+        yield from self._pipeline([first], budget - 1, greedy)
+
+    def _pipeline(
+        self, pending_init: list[tuple[torch.cuda.Event, int]], steps: int, greedy: bool
+    ) -> Iterator[tuple[int, float]]:
+        """Decode `steps` tokens from the device state, one step in flight ahead."""
+        pending = collections.deque(pending_init)
+        launched, parity = 0, 0
+        while True:
+            while launched < steps and len(pending) < 2:
+                pending.append((self.decode(parity, greedy), parity))
+                launched, parity = launched + 1, parity ^ 1
+            if not pending:
+                return
+            event, slot = pending.popleft()
+            event.synchronize()  # waits with the GIL released
+            yield self.read(slot)
+
+    def generate_speculative(
+        self, prompt_ids: list[int], budget: int, start: int, spec: Speculator
+    ) -> Iterator[tuple[int, float]]:
+        """Greedy decoding with prompt-lookup drafts verified in one graph replay; the
+        same tokens as generate(). Falls back to the pipelined loop once the drafts stop
+        paying (spec.enabled turns False)."""
+        self.prefill(prompt_ids, True, start).synchronize()
+        token, logprob = self.read(PREFILL_SLOT)
+        yield token, logprob
+        history, produced, pos = [*prompt_ids, token], 1, len(prompt_ids)
+        while produced < budget:
+            draft = spec.draft(history, budget - produced)
+            draft = draft[: max(self.verify_buckets, default=1) - 1]
+            if not draft:
+                if not spec.enabled:
+                    yield from self._pipeline([], budget - produced, True)
+                    return
+                self.decode(0, True).synchronize()
+                token, logprob = self.read(0)
+                produced, pos = produced + 1, pos + 1
+                history.append(token)
+                yield token, logprob
+                continue
+            bucket = next(b for b in self.verify_buckets if b > len(draft))
+            rows, row_logprobs = self._verify([token, *draft], pos, bucket)
+            accepted = accept_greedy(torch.tensor(rows), draft)
+            spec.record(len(draft), len(accepted) - 1)
+            token, pos = accepted[-1], pos + len(accepted)
+            self._set_state(token, pos)
+            for i, t in enumerate(accepted[: budget - produced]):
+                produced += 1
+                history.append(t)
+                yield t, row_logprobs[i]
+
+    def _verify(self, tokens: list[int], pos: int, bucket: int) -> tuple[list[int], list[float]]:
+        staging = self._staging
+        staging[0], staging[1], staging[2] = pos + len(tokens), len(tokens) - 1, pos
+        staging[3 : 3 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        with torch.cuda.stream(self.stream):
+            self.meta.copy_(staging[:3], non_blocking=True)
+            self.tokens_in[0, : len(tokens)].copy_(staging[3 : 3 + len(tokens)], non_blocking=True)
+            self._run(f"verify-{bucket}")
+            event = self.events[PREFILL_SLOT]
+            event.record(self.stream)
+        event.synchronize()
+        n = len(tokens)
+        return self.out_rows[:n].tolist(), self.out_row_logprobs[:n].tolist()
+
+    def _set_state(self, token: int, pos: int) -> None:
+        """The next decode step's input token and its position."""
+        self._state_staging[0], self._state_staging[1] = token, pos
+        with torch.cuda.stream(self.stream):
+            self.token.view(1).copy_(self._state_staging[0:1], non_blocking=True)
+            self.pos.copy_(self._state_staging[1:2], non_blocking=True)
+
+    def read(self, slot: int) -> tuple[int, float]:
+        """The token and its log-probability from a slot whose event has completed."""
+        return int(self.out_token[slot]), float(self.out_logprob[slot])
