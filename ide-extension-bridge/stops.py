@@ -4,6 +4,8 @@
 - Multi-line: where the cursor's block ends: before the first line indented
   less than the cursor's line, or at a blank line followed by a line indented
   less than the line before the blank (the end of a block the completion opened).
+- At a FIM or document marker such as `<|fim_middle|>` or `<|endoftext|>` that a model
+  writes as text: it is never code, and it means the model lost its place.
 - Never duplicate what is already there: a multi-line completion stops before
   a line that repeats the next line of the document; the end of the text that
   repeats the rest of the cursor's line is dropped (closing brackets only when
@@ -12,11 +14,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from nib.bridge.context import Window
 
 TAB_WIDTH = 4
+# The tokens that delimit documents and FIM parts in Qwen/StarCoder-style vocabularies
+# (nib's own among them), as a model that writes them as text spells them.
+SPECIAL_MARKER = re.compile(r"<\|(?:fim_[a-z]+|endoftext|file_sep|repo_name|im_start|im_end)\|>")
 _PAIRS = {")": "(", "]": "[", "}": "{"}
 
 
@@ -63,7 +69,14 @@ class Truncator:
         return self.stopped
 
     def _find_cut(self, final: bool) -> int | None:
-        text = self.raw
+        marker = SPECIAL_MARKER.search(self.raw)
+        text = self.raw if marker is None else self.raw[: marker.start()]
+        cut = self._cut_in(text, final or marker is not None)
+        if cut is None and marker is not None:
+            return marker.start()
+        return cut
+
+    def _cut_in(self, text: str, final: bool) -> int | None:
         if not self.rules.multiline:
             newline = text.find("\n")
             return newline if newline != -1 else None

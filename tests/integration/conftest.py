@@ -201,6 +201,18 @@ def json_stream(text: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="session")
+def shipped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`nib serve` with its default model: the trained nib-tiny-code shipped in engine/assets."""
+    from nib.engine.default_model import SHIPPED_MODEL
+
+    if not (SHIPPED_MODEL / "config.json").is_file():
+        pytest.fail(f"the shipped model is missing from {SHIPPED_MODEL}")
+    proc = start_server(None, tmp_path_factory.mktemp("logs") / "shipped-server.log")
+    yield proc
+    stop_server(proc)
+
+
+@pytest.fixture(scope="session")
 def server(
     slow_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:

@@ -110,3 +110,18 @@ async def bridge_status(client: LanguageClient) -> dict[str, Any]:
     )
     assert isinstance(result, dict)
     return result
+
+
+async def configure(client: LanguageClient, settings: dict[str, object]) -> None:
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"nib": settings})
+    )
+    for _ in range(100):  # a notification has no answer: wait until the status shows it
+        status = await bridge_status(client)
+        if all(status.get(_STATUS_KEY.get(k, k)) == v for k, v in settings.items()):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"settings {settings} never applied: {status}")
+
+
+_STATUS_KEY = {"maxTokens": "max_tokens", "debounceMs": "debounce_ms", "timeoutS": "timeout_s"}

@@ -17,6 +17,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import LanguageClient
 
+from nib.bridge.stops import SPECIAL_MARKER
 from nib.sdk import Client
 
 from .conftest import ServerProcess, assert_cancelled_on_server, assert_engine_free
@@ -24,6 +25,7 @@ from .lsp_helpers import (
     BRIDGE_CONFIG,
     bridge_status,
     cancel_request,
+    configure,
     edit,
     initialize,
     inline_text,
@@ -62,8 +64,10 @@ def expected_single_line(server: ServerProcess, text: str, offset: int) -> str:
             max_tokens=16,
             stop=["\n"],
         ).result()
-    assert result.text.strip(), "pick another cursor: the model's answer here is blank"
-    return result.text
+    # The bridge also ends a completion at a FIM/document marker (see stops.py).
+    text = SPECIAL_MARKER.split(result.text, maxsplit=1)[0]
+    assert text.strip(), "pick another cursor: the model's answer here is blank"
+    return text
 
 
 @pytest_lsp.fixture(config=BRIDGE_CONFIG)
@@ -115,21 +119,6 @@ async def test_completion_request_gets_the_same_text(
     (item,) = result.items
     assert item.text_edit is not None
     assert item.text_edit.new_text == expected_single_line(server, SOURCE, offset)
-
-
-async def configure(client: LanguageClient, settings: dict[str, object]) -> None:
-    client.workspace_did_change_configuration(
-        types.DidChangeConfigurationParams(settings={"nib": settings})
-    )
-    for _ in range(100):  # a notification has no answer: wait until the status shows it
-        status = await bridge_status(client)
-        if all(status.get(_STATUS_KEY.get(k, k)) == v for k, v in settings.items()):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"settings {settings} never applied: {status}")
-
-
-_STATUS_KEY = {"maxTokens": "max_tokens", "debounceMs": "debounce_ms", "timeoutS": "timeout_s"}
 
 
 async def test_cancel_request_stops_the_generation_on_the_server(

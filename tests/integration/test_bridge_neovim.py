@@ -1,5 +1,5 @@
 """A real editor as the client: headless Neovim (Debian's package) attaches `nib lsp`,
-asks for a completion, and gets the served model's text."""
+asks for a completion, and gets the shipped model's text."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from .conftest import ServerProcess
 from .lsp_helpers import BRIDGE_COMMAND
 
 SCRIPT = Path(__file__).resolve().parent / "neovim" / "complete.lua"
-SOURCE = "import os\n\n\ndef read(path):\n    with open(path) as f:\n        data = f.read()\n\nprint(read('x'))\n"
+SOURCE = (
+    "import os\n\n\ndef read_file(path):\n    with open(path) as f:\n        return f.read()\n"
+    "\n\ndef count_lines(path):\n    text = \n    return len(text.splitlines())\n"
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvim") is None,
@@ -26,10 +29,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_neovim_gets_a_completion_from_the_bridge(server: ServerProcess, tmp_path: Path) -> None:
+def test_neovim_gets_a_completion_from_the_bridge(
+    shipped_server: ServerProcess, tmp_path: Path
+) -> None:
+    server = shipped_server
     source = tmp_path / "reader.py"
     source.write_text(SOURCE)
-    line, character = 5, len("        data = f.read()")
+    line, character = 9, len("    text = ")
     out = tmp_path / "answer.json"
     env = {
         **os.environ,
@@ -55,7 +61,7 @@ def test_neovim_gets_a_completion_from_the_bridge(server: ServerProcess, tmp_pat
     assert "error" not in answer, answer
     assert answer["filetype"] == "python"
     (item,) = answer["result"]["items"]
-    offset = SOURCE.index("f.read()") + len("f.read()")
+    offset = SOURCE.index("    text = ") + len("    text = ")
     with Client(server.address) as client:
         expected = client.complete(
             prefix=SOURCE[:offset],

@@ -115,6 +115,14 @@ def test_a_first_line_that_retypes_the_next_line_gives_nothing() -> None:
     assert complete("def f():\n    |\n    return total\n", ["return total\n", "x"]) == ("", True)
 
 
+def test_a_special_token_written_as_text_ends_the_completion() -> None:
+    stream = ['ngs.txt")\n', "<|fim_mid", 'dle|>ngs.txt")']
+    assert complete("def f():\n    x = open(|\n", stream, mode="multi") == ('ngs.txt")', True)
+    assert complete("x = |", ["a<|endoftext|>b"], mode="single") == ("a", True)
+    assert complete("x = |", ["a <div>|x|</div>"], mode="single")[0] == "a <div>|x|</div>"
+    assert complete("x = |", ["a<|unused_7|>b"], mode="single")[0] == "a<|unused_7|>b"
+
+
 def test_the_rest_of_the_line_is_not_duplicated() -> None:
     assert complete("print(|)", ["x)"]) == ("x", False)  # one ) is already there
     assert complete("print(foo(|)", ["x)"]) == ("x)", False)  # this ) closes foo
