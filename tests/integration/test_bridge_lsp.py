@@ -41,9 +41,9 @@ LONG = {"mode": "multi", "maxTokens": 1000, "debounceMs": 0, "timeoutS": 300}
 
 @pytest_lsp.fixture(config=BRIDGE_CONFIG)
 async def bridge(
-    lsp_client: LanguageClient, server: ServerProcess, tmp_path: Path
+    lsp_client: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[None]:
-    options = {"address": server.address, "debounceMs": 0, "maxTokens": 16, "mode": "single"}
+    options = {"address": slow_server.address, "debounceMs": 0, "maxTokens": 16, "mode": "single"}
     await initialize(lsp_client, tmp_path.as_uri(), options)
     yield
     await lsp_client.shutdown_session()
@@ -53,9 +53,9 @@ def doc_uri(tmp_path: Path) -> str:
     return (tmp_path / "pkg" / "reader.py").as_uri()
 
 
-def expected_single_line(server: ServerProcess, text: str, offset: int) -> str:
+def expected_single_line(slow_server: ServerProcess, text: str, offset: int) -> str:
     """The server's own greedy single-line infill for this cursor, through the SDK."""
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         result = client.complete(
             prefix=text[:offset],
             suffix=text[offset:],
@@ -77,9 +77,11 @@ async def uninitialized_bridge(lsp_client: LanguageClient) -> AsyncIterator[None
 
 
 async def test_advertises_inline_completion_and_completion(
-    uninitialized_bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    uninitialized_bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
-    result = await initialize(uninitialized_bridge, tmp_path.as_uri(), {"address": server.address})
+    result = await initialize(
+        uninitialized_bridge, tmp_path.as_uri(), {"address": slow_server.address}
+    )
     caps = result.capabilities
     assert caps.inline_completion_provider is not None
     assert caps.completion_provider is not None
@@ -91,20 +93,20 @@ async def test_advertises_inline_completion_and_completion(
 
 
 async def test_inline_completion_is_the_models_infill(
-    bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
     uri = doc_uri(tmp_path)
     open_document(bridge, uri, SOURCE)
     line, col = 5, len("        data = f.read()")  # end of the line: nothing right of the cursor
     offset = SOURCE.index("f.read()") + len("f.read()")
     text = await inline_text(bridge, uri, types.Position(line=line, character=col))
-    assert text == expected_single_line(server, SOURCE, offset)
+    assert text == expected_single_line(slow_server, SOURCE, offset)
     status = await bridge_status(bridge)
     assert status["reachable"] is True and status["completed"] == 1
 
 
 async def test_completion_request_gets_the_same_text(
-    bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
     uri = doc_uri(tmp_path)
     open_document(bridge, uri, SOURCE)
@@ -118,11 +120,11 @@ async def test_completion_request_gets_the_same_text(
     assert isinstance(result, types.CompletionList) and result.is_incomplete
     (item,) = result.items
     assert item.text_edit is not None
-    assert item.text_edit.new_text == expected_single_line(server, SOURCE, offset)
+    assert item.text_edit.new_text == expected_single_line(slow_server, SOURCE, offset)
 
 
 async def test_cancel_request_stops_the_generation_on_the_server(
-    bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
     uri = doc_uri(tmp_path)
     open_document(bridge, uri, SOURCE + "\n")
@@ -132,15 +134,15 @@ async def test_cancel_request_stops_the_generation_on_the_server(
     cancel_request(bridge, msg_id)
     with pytest.raises(JsonRpcRequestCancelled):
         await asyncio.wait_for(answer, 3)
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         assert_engine_free(client)
     status = await bridge_status(bridge)
     assert status["cancelled_by_client"] == 1 and status["started"] == 1
-    assert_cancelled_on_server(server, status["last_request_id"], "request")
+    assert_cancelled_on_server(slow_server, status["last_request_id"], "request")
 
 
 async def test_an_edit_cancels_the_completion_in_flight(
-    bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
     uri = doc_uri(tmp_path)
     open_document(bridge, uri, SOURCE + "\n")
@@ -149,15 +151,15 @@ async def test_an_edit_cancels_the_completion_in_flight(
     await asyncio.sleep(1.0)
     edit(bridge, uri, 2, types.Position(line=9, character=0), "x")
     assert await asyncio.wait_for(answer, 3) is None
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         assert_engine_free(client)
     status = await bridge_status(bridge)
     assert status["cancelled_by_edit"] == 1
-    assert_cancelled_on_server(server, status["last_request_id"], "request")
+    assert_cancelled_on_server(slow_server, status["last_request_id"], "request")
 
 
 async def test_a_newer_request_supersedes_the_older(
-    bridge: LanguageClient, server: ServerProcess, tmp_path: Path
+    bridge: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
     uri = doc_uri(tmp_path)
     open_document(bridge, uri, SOURCE + "\n")
@@ -169,12 +171,12 @@ async def test_a_newer_request_supersedes_the_older(
     newer = await inline_text(bridge, uri, types.Position(line=5, character=23))
     assert await asyncio.wait_for(older, 3) is None
     offset = SOURCE.index("f.read()") + len("f.read()")
-    assert newer == expected_single_line(server, SOURCE + "\n", offset)
+    assert newer == expected_single_line(slow_server, SOURCE + "\n", offset)
     status = await bridge_status(bridge)
     assert status["replaced"] == 1 and status["started"] == 2
     # Both the bridge's cancel and the session's supersession stop it; the first wins.
-    assert_cancelled_on_server(server, older_id, "request", "superseded")
-    with Client(server.address) as client:
+    assert_cancelled_on_server(slow_server, older_id, "request", "superseded")
+    with Client(slow_server.address) as client:
         assert_engine_free(client)
 
 

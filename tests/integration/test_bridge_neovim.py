@@ -29,10 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_neovim_gets_a_completion_from_the_bridge(
-    shipped_server: ServerProcess, tmp_path: Path
-) -> None:
-    server = shipped_server
+def test_neovim_gets_a_completion_from_the_bridge(server: ServerProcess, tmp_path: Path) -> None:
     source = tmp_path / "reader.py"
     source.write_text(SOURCE)
     line, character = 9, len("    text = ")

@@ -29,9 +29,11 @@ async def wait_for_message(client: LanguageClient, count: int) -> types.ShowMess
 
 
 async def test_initialization_options_in_a_section_and_bad_values_reported(
-    client: LanguageClient, server: ServerProcess, tmp_path: Path
+    client: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
-    options = {"nib": {"address": server.address, "maxTokens": 7, "mode": "sideways", "colour": 1}}
+    options = {
+        "nib": {"address": slow_server.address, "maxTokens": 7, "mode": "sideways", "colour": 1}
+    }
     await initialize(client, tmp_path.as_uri(), options)
     first = await wait_for_message(client, 1)
     second = await wait_for_message(client, 2)
@@ -40,13 +42,13 @@ async def test_initialization_options_in_a_section_and_bad_values_reported(
     assert "unknown setting 'colour'" in texts[1]
     status = await bridge_status(client)
     assert status["max_tokens"] == 7 and status["mode"] == "auto"  # the bad one kept its default
-    assert status["address"] == server.address
+    assert status["address"] == slow_server.address
 
 
 async def test_did_change_configuration_pushed_and_pulled(
-    client: LanguageClient, server: ServerProcess, tmp_path: Path
+    client: LanguageClient, slow_server: ServerProcess, tmp_path: Path
 ) -> None:
-    await initialize(client, tmp_path.as_uri(), {"address": server.address})
+    await initialize(client, tmp_path.as_uri(), {"address": slow_server.address})
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"nib": {"debounceMs": 42}})
     )

@@ -58,9 +58,9 @@ def model_infill(server: ServerProcess, offset: int, max_tokens: int, stop: list
 
 @pytest_lsp.fixture(config=BRIDGE_CONFIG)
 async def editor(
-    lsp_client: LanguageClient, shipped_server: ServerProcess, tmp_path: Path
+    lsp_client: LanguageClient, server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[None]:
-    options = {"address": shipped_server.address, "debounceMs": 0, "maxTokens": 48}
+    options = {"address": server.address, "debounceMs": 0, "maxTokens": 48}
     await initialize(lsp_client, tmp_path.as_uri(), options)
     open_document(lsp_client, (tmp_path / "tools" / "lines.py").as_uri(), SOURCE)
     yield
@@ -68,22 +68,22 @@ async def editor(
 
 
 async def test_single_line_ghost_text_is_the_shipped_models_infill(
-    editor: LanguageClient, shipped_server: ServerProcess, tmp_path: Path
+    editor: LanguageClient, server: ServerProcess, tmp_path: Path
 ) -> None:
     offset, at = cursor_after("    text = ")  # nothing right of the cursor on a statement line
     await configure(editor, {"mode": "single"})
     text = await inline_text(editor, (tmp_path / "tools" / "lines.py").as_uri(), at)
-    expected = model_infill(shipped_server, offset, 48, ["\n"])
+    expected = model_infill(server, offset, 48, ["\n"])
     assert expected.strip() and "<|" not in expected
     assert text == expected
 
 
 async def test_multi_line_ghost_text_is_a_cut_of_the_models_text(
-    editor: LanguageClient, shipped_server: ServerProcess, tmp_path: Path
+    editor: LanguageClient, server: ServerProcess, tmp_path: Path
 ) -> None:
     offset, at = cursor_after("    text = read_file(path)\n")
     text = await inline_text(editor, (tmp_path / "tools" / "lines.py").as_uri(), at)
-    raw = model_infill(shipped_server, offset, 48, [])
+    raw = model_infill(server, offset, 48, [])
     # Whatever the model wrote, the bridge only cuts it: a prefix of the model's text that
     # stays in the cursor's block and carries no special-token marker.
     result = text or ""

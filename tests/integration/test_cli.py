@@ -19,11 +19,11 @@ LONG_ARGS = ("--max-tokens", "1000", "--temperature", "1", "--seed", "1")
 
 
 def nib(
-    server: ServerProcess | None, *args: str, stdin: str | None = None
+    slow_server: ServerProcess | None, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ}
-    if server is not None:
-        env["NIB_ADDRESS"] = server.address
+    if slow_server is not None:
+        env["NIB_ADDRESS"] = slow_server.address
     return subprocess.run(
         [sys.executable, "-m", "nib.sdk.cli", *args],
         capture_output=True,
@@ -41,7 +41,7 @@ def json_lines(out: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return lines[:-1], lines[-1]
 
 
-def test_json_lines_stream_deltas_then_a_done(server: ServerProcess) -> None:
+def test_json_lines_stream_deltas_then_a_done(slow_server: ServerProcess) -> None:
     args = (
         "complete",
         "def add(a, b):",
@@ -52,19 +52,21 @@ def test_json_lines_stream_deltas_then_a_done(server: ServerProcess) -> None:
         "--seed",
         "3",
     )
-    run = nib(server, *args, "--json")
+    run = nib(slow_server, *args, "--json")
     assert run.returncode == 0, run.stderr
     deltas, done = json_lines(run.stdout)
     assert len(deltas) > 1 and "".join(d["text"] for d in deltas) == done["text"]
     assert done["finish_reason"] in ("length", "end_of_text")
     assert 0 < done["usage"]["completion_tokens"] <= 16
     assert done["timings"]["ttft_ms"] > 0 and len(done["timings"]["inter_token_ms"]) >= 1
-    again = nib(server, *args, "--json")
+    again = nib(slow_server, *args, "--json")
     assert json_lines(again.stdout)[1]["text"] == done["text"], "same seed, same text"
 
 
-def test_stop_string_ends_the_completion_before_it(server: ServerProcess) -> None:
-    greedy = json_lines(nib(server, "complete", "def g(x):", "--max-tokens", "40", "--json").stdout)
+def test_stop_string_ends_the_completion_before_it(slow_server: ServerProcess) -> None:
+    greedy = json_lines(
+        nib(slow_server, "complete", "def g(x):", "--max-tokens", "40", "--json").stdout
+    )
     text = greedy[1]["text"]
     # A stop string the model will produce: two printable ASCII characters seen once, late enough.
     index, stop = next(
@@ -74,15 +76,15 @@ def test_stop_string_ends_the_completion_before_it(server: ServerProcess) -> Non
         and text[i : i + 2].isprintable()
         and text.find(text[i : i + 2]) == i
     )
-    run = nib(server, "complete", "def g(x):", "--max-tokens", "40", "--json", "--stop", stop)
+    run = nib(slow_server, "complete", "def g(x):", "--max-tokens", "40", "--json", "--stop", stop)
     done = json_lines(run.stdout)[1]
     assert done["finish_reason"] == "stop" and done["stop"] == stop
     assert done["text"] == text[:index]
 
 
-def test_suffix_makes_it_fill_in_the_middle(server: ServerProcess) -> None:
+def test_suffix_makes_it_fill_in_the_middle(slow_server: ServerProcess) -> None:
     run = nib(
-        server,
+        slow_server,
         "complete",
         "def add(a, b):\n",
         "--suffix",
@@ -97,16 +99,16 @@ def test_suffix_makes_it_fill_in_the_middle(server: ServerProcess) -> None:
     assert done["usage"]["prompt_tokens"] == len("def add(a, b):\n") + len("\nprint(1)\n") + 3
 
 
-def test_prompt_from_stdin_and_verbose_timings(server: ServerProcess) -> None:
-    run = nib(server, "complete", "-", "--max-tokens", "6", "-v", stdin="class A:\n")
+def test_prompt_from_stdin_and_verbose_timings(slow_server: ServerProcess) -> None:
+    run = nib(slow_server, "complete", "-", "--max-tokens", "6", "-v", stdin="class A:\n")
     assert run.returncode == 0, run.stderr
     assert "[length] 9 prompt + 6 completion tokens" in run.stderr  # 9 bytes read from stdin
     for word in ("ttft", "queue", "total", "tok/s"):
         assert word in run.stderr, run.stderr
 
 
-def test_ctrl_c_cancels_the_generation_on_the_server(server: ServerProcess) -> None:
-    env = {**os.environ, "NIB_ADDRESS": server.address, "PYTHONUNBUFFERED": "1"}
+def test_ctrl_c_cancels_the_generation_on_the_server(slow_server: ServerProcess) -> None:
+    env = {**os.environ, "NIB_ADDRESS": slow_server.address, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "nib.sdk.cli", "complete", "x", "--json", *LONG_ARGS],
         stdout=subprocess.PIPE,
@@ -127,16 +129,16 @@ def test_ctrl_c_cancels_the_generation_on_the_server(server: ServerProcess) -> N
             proc.kill()
             proc.wait()
     assert done["type"] == "done" and done["finish_reason"] == "cancelled"
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         assert_engine_free(client)
-    assert_cancelled_on_server(server, done["request_id"], "client_gone")
+    assert_cancelled_on_server(slow_server, done["request_id"], "client_gone")
 
 
-def test_bad_input_exits_1_with_the_servers_message(server: ServerProcess) -> None:
-    run = nib(server, "complete", "x", "--max-tokens", "100000")
+def test_bad_input_exits_1_with_the_servers_message(slow_server: ServerProcess) -> None:
+    run = nib(slow_server, "complete", "x", "--max-tokens", "100000")
     assert run.returncode == 1
     assert "INVALID_ARGUMENT: max_tokens: is 100000; must be at most 1024" in run.stderr
-    run = nib(server, "complete", "x", "--max-tokens", "100000", "--json")
+    run = nib(slow_server, "complete", "x", "--max-tokens", "100000", "--json")
     error = json.loads(run.stdout.splitlines()[-1])
     assert error == {
         "type": "error",
@@ -145,12 +147,12 @@ def test_bad_input_exits_1_with_the_servers_message(server: ServerProcess) -> No
     }
 
 
-def test_health_and_info(server: ServerProcess) -> None:
-    health = nib(server, "health")
+def test_health_and_info(slow_server: ServerProcess) -> None:
+    health = nib(slow_server, "health")
     assert health.returncode == 0 and health.stdout.strip() == "SERVING"
-    waited = nib(server, "health", "--wait", "10")
+    waited = nib(slow_server, "health", "--wait", "10")
     assert waited.returncode == 0 and waited.stdout.strip() == "SERVING"
-    info = nib(server, "info", "--json")
+    info = nib(slow_server, "info", "--json")
     assert info.returncode == 0, info.stderr
     described = json.loads(info.stdout)
     assert described["architecture"] == "llama" and described["max_tokens_limit"] == 1024

@@ -13,8 +13,10 @@ from .conftest import ServerProcess
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def run_example(server: ServerProcess, name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NIB_ADDRESS": server.address, "PYTHONIOENCODING": "utf-8"}
+def run_example(
+    slow_server: ServerProcess, name: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NIB_ADDRESS": slow_server.address, "PYTHONIOENCODING": "utf-8"}
     run = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
@@ -26,15 +28,15 @@ def run_example(server: ServerProcess, name: str, *args: str) -> subprocess.Comp
     return run
 
 
-def test_plain_script_streams_a_fill_in_the_middle(server: ServerProcess) -> None:
-    run = run_example(server, "complete.py")
+def test_plain_script_streams_a_fill_in_the_middle(slow_server: ServerProcess) -> None:
+    run = run_example(slow_server, "complete.py")
     assert run.stdout.startswith("def fibonacci(n):\n    ")
     assert run.stdout.endswith("\n\nprint(fibonacci(10))\n")
     assert re.search(r"^\[(length|stop|end_of_text)\] \d+ tokens; first token after", run.stderr)
 
 
-def test_asyncio_agent(server: ServerProcess) -> None:
-    lines = run_example(server, "agent_asyncio.py").stdout.splitlines()
+def test_asyncio_agent(slow_server: ServerProcess) -> None:
+    lines = run_example(slow_server, "agent_asyncio.py").stdout.splitlines()
     drafts = [line for line in lines if line.startswith("draft ")]
     assert sorted(d.split(":")[0] for d in drafts) == ["draft add", "draft greet", "draft mean"]
     assert any(line.startswith("first line: ") for line in lines)
@@ -43,10 +45,14 @@ def test_asyncio_agent(server: ServerProcess) -> None:
     assert any(line.startswith("deadline: ") for line in lines)
 
 
-def test_voice_consumer_speaks_in_sentences_and_stops_on_barge_in(server: ServerProcess) -> None:
-    lines = run_example(server, "voice.py").stdout.splitlines()
+def test_voice_consumer_speaks_in_sentences_and_stops_on_barge_in(
+    slow_server: ServerProcess,
+) -> None:
+    lines = run_example(slow_server, "voice.py").stdout.splitlines()
     said = [line for line in lines if line.startswith("[say +")]
     assert said and lines[-1] in ("[end] length", "[end] end_of_text")
-    interrupted = run_example(server, "voice.py", "--barge-in-after", "0.5").stdout.splitlines()
+    interrupted = run_example(
+        slow_server, "voice.py", "--barge-in-after", "0.5"
+    ).stdout.splitlines()
     assert interrupted[-2].startswith("[barge-in] cancelled after")
     assert interrupted[-1] == "[end] cancelled"

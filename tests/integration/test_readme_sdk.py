@@ -25,8 +25,8 @@ def test_the_section_has_snippets() -> None:
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_snippet_runs(server: ServerProcess, index: int) -> None:
-    code = sdk_snippets()[index].replace("127.0.0.1:50051", server.address)
+def test_snippet_runs(slow_server: ServerProcess, index: int) -> None:
+    code = sdk_snippets()[index].replace("127.0.0.1:50051", slow_server.address)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip()

@@ -1,6 +1,6 @@
 """SDK streams against the real server: cancellation the server sees, sessions, results.
 
-The proof that a cancel reached the server: a generation of 1000 tokens takes
+The proof that a cancel reached the slow_server: a generation of 1000 tokens takes
 well over a minute on the test model, and the engine runs one request at a
 time, so the next request would queue behind it. After a cancel it must start
 within a few decode steps.
@@ -52,18 +52,18 @@ def read_three_then(stream: CompletionStream, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["break", "close", "cancel", "with"])
-def test_sync_stream_cancel_reaches_the_server(server: ServerProcess, how: str) -> None:
-    with Client(server.address) as client:
+def test_sync_stream_cancel_reaches_the_server(slow_server: ServerProcess, how: str) -> None:
+    with Client(slow_server.address) as client:
         stream = client.complete("x", **LONG)
         read_three_then(stream, how)
         assert stream.finish_reason == FinishReason.CANCELLED and stream.cancelled
         assert 3 <= len(stream.token_ids) < 50
         assert_engine_free(client)
-    assert_cancelled_on_server(server, stream.request_id, "client_gone")
+    assert_cancelled_on_server(slow_server, stream.request_id, "client_gone")
 
 
-def test_cancel_from_another_thread_ends_the_loop(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+def test_cancel_from_another_thread_ends_the_loop(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client:
         stream = client.complete("x", **LONG)
         seen = []
         for text in stream:
@@ -113,18 +113,18 @@ async def read_three_then_async(stream: AsyncCompletionStream, how: str) -> None
 
 
 @pytest.mark.parametrize("how", ["break", "close", "cancel", "async with", "task cancelled"])
-async def test_async_stream_cancel_reaches_the_server(server: ServerProcess, how: str) -> None:
-    async with AsyncClient(server.address) as client:
+async def test_async_stream_cancel_reaches_the_server(slow_server: ServerProcess, how: str) -> None:
+    async with AsyncClient(slow_server.address) as client:
         stream = client.complete("x", **LONG)
         await read_three_then_async(stream, how)
         assert stream.finish_reason == "cancelled"
         assert 3 <= len(stream.token_ids) < 50
         await assert_engine_free_async(client)
-    assert_cancelled_on_server(server, stream.request_id, "client_gone")
+    assert_cancelled_on_server(slow_server, stream.request_id, "client_gone")
 
 
-def test_result_and_stream_agree(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+def test_result_and_stream_agree(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client:
         streamed = client.complete("def f(x):", max_tokens=12, temperature=0.7, seed=5)
         text = "".join(streamed)
         result = client.complete("def f(x):", max_tokens=12, temperature=0.7, seed=5).result()
@@ -136,16 +136,16 @@ def test_result_and_stream_agree(server: ServerProcess) -> None:
         list(streamed)
 
 
-def test_fill_in_the_middle_uses_the_models_template(server: ServerProcess) -> None:
+def test_fill_in_the_middle_uses_the_models_template(slow_server: ServerProcess) -> None:
     prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         result = client.complete(prefix=prefix, suffix=suffix, max_tokens=4).result()
     # Byte-level tokenizer: one token per byte, plus <|fim_prefix|> <|fim_suffix|> <|fim_middle|>.
     assert result.usage.prompt_tokens == len(prefix) + len(suffix) + 3
 
 
-def test_session_supersedes_and_cancels(server: ServerProcess) -> None:
-    with Client(server.address) as client, client.session() as session:
+def test_session_supersedes_and_cancels(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client, client.session() as session:
         first = session.complete("a", **LONG)
         it = iter(first)
         for _ in range(3):
@@ -165,38 +165,38 @@ def test_session_supersedes_and_cancels(server: ServerProcess) -> None:
         assert third.server_done.wait(10), "the server never confirmed the cancel"
         assert third.finish_reason == "cancelled" and 1 <= third.usage.completion_tokens < 50
         assert_engine_free(client)
-    assert_cancelled_on_server(server, first.request_id, "superseded")
-    assert_cancelled_on_server(server, third.request_id, "request")
+    assert_cancelled_on_server(slow_server, first.request_id, "superseded")
+    assert_cancelled_on_server(slow_server, third.request_id, "request")
 
 
-def test_session_reports_a_bad_start_and_lives_on(server: ServerProcess) -> None:
-    with Client(server.address) as client, client.session() as session:
+def test_session_reports_a_bad_start_and_lives_on(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client, client.session() as session:
         with pytest.raises(InvalidArgument, match="max_tokens: is 5000; must be at most 1024"):
             session.complete("x", max_tokens=5000).result()
         assert session.complete("x", max_tokens=3).result().usage.completion_tokens <= 3
 
 
-def test_session_deadline_cancels_on_the_server(server: ServerProcess) -> None:
-    with Client(server.address) as client, client.session() as session:
+def test_session_deadline_cancels_on_the_server(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client, client.session() as session:
         stream = session.complete("x", timeout=1.0, **LONG)
         with pytest.raises(DeadlineExceeded):
             stream.result()
         assert stream.server_done.wait(10)
         assert_engine_free(client)
-    assert_cancelled_on_server(server, stream.request_id, "request")
+    assert_cancelled_on_server(slow_server, stream.request_id, "request")
 
 
-def test_complete_deadline_stops_the_generation(server: ServerProcess) -> None:
-    with Client(server.address) as client:
+def test_complete_deadline_stops_the_generation(slow_server: ServerProcess) -> None:
+    with Client(slow_server.address) as client:
         stream = client.complete("x", timeout=1.0, **LONG)
         with pytest.raises(DeadlineExceeded):
             stream.result()
         assert_engine_free(client)
-    assert_cancelled_on_server(server, stream.request_id, "deadline", "client_gone")
+    assert_cancelled_on_server(slow_server, stream.request_id, "deadline", "client_gone")
 
 
-async def test_async_session_supersedes_and_cancels(server: ServerProcess) -> None:
-    async with AsyncClient(server.address) as client, client.session() as session:
+async def test_async_session_supersedes_and_cancels(slow_server: ServerProcess) -> None:
+    async with AsyncClient(slow_server.address) as client, client.session() as session:
         first = session.complete("a", **LONG)
         second = None
         async for _ in first:
@@ -212,11 +212,11 @@ async def test_async_session_supersedes_and_cancels(server: ServerProcess) -> No
         await asyncio.wait_for(third.server_done.wait(), 10)
         assert third.finish_reason == "cancelled" and third.usage.completion_tokens < 50
         await assert_engine_free_async(client)
-    assert_cancelled_on_server(server, first.request_id, "superseded")
-    assert_cancelled_on_server(server, third.request_id, "request")
+    assert_cancelled_on_server(slow_server, first.request_id, "superseded")
+    assert_cancelled_on_server(slow_server, third.request_id, "request")
 
 
-def test_one_client_shared_by_threads(server: ServerProcess) -> None:
+def test_one_client_shared_by_threads(slow_server: ServerProcess) -> None:
     results: dict[int, list[str]] = {}
     errors: list[BaseException] = []
 
@@ -232,7 +232,7 @@ def test_one_client_shared_by_threads(server: ServerProcess) -> None:
 
         return run
 
-    with Client(server.address) as client:
+    with Client(slow_server.address) as client:
         threads = [threading.Thread(target=work(n, client)) for n in range(4)]
         for t in threads:
             t.start()
