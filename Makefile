@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 # (clean or shallow clones, CI). Cut a release: make proto-release VERSION=x.y.z
 PROTO_RELEASED ?= proto/released/nib-v1-0.1.0.json
 
-.PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check proto-release bench load-test clean
+.PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check proto-release bench load-test clean \
+	editor-tools check-vscode
 
 setup: $(VENV)/.installed
 
@@ -36,7 +37,36 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests in $(1)"; exit 1; fi; exit $$rc
 endef
 
-test: setup
+# Beyond Python, the editor tests need Neovim (a real LSP client, tests/integration/
+# test_bridge_neovim.py) and Node (tsc for the VS Code extension). Missing ones are
+# installed from the distribution's packages when apt-get can run (as root, or with
+# sudo that needs no password); otherwise the note says what is skipped and why.
+define apt_install
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1)) >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		(sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1)) >/dev/null; \
+	else \
+		echo "note: cannot install $(1) (needs apt-get as root or passwordless sudo): $(2)"; \
+	fi
+endef
+
+editor-tools:
+	@command -v nvim >/dev/null 2>&1 || $(call apt_install,neovim,the Neovim test is skipped)
+	@command -v npm >/dev/null 2>&1 || $(call apt_install,nodejs npm,the VS Code extension is not type-checked)
+
+VSCODE_DIR := ide-extension-bridge/vscode
+
+# The VS Code extension type-checks against its pinned dependencies (package-lock.json).
+check-vscode: editor-tools
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(VSCODE_DIR) && npm ci --no-audit --no-fund --loglevel=error >/dev/null && \
+		npx --no-install tsc --noEmit -p . && echo "VS Code extension: tsc --noEmit passed"; \
+	else \
+		echo "SKIPPED: VS Code extension type check (npm is not installed and could not be installed)"; \
+	fi
+
+test: setup check-vscode
 	$(call run_pytest,tests/unit tests/integration tests/gpu)
 
 test-unit: setup
@@ -51,7 +81,7 @@ test-gpu: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p nib.sdk -p nib.service
+	$(VENV)/bin/mypy -p nib.sdk -p nib.service -p nib.bridge
 	$(PY) tools/gen_proto.py --check
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/buf breaking --against $(PROTO_RELEASED)
@@ -76,4 +106,5 @@ load-test: setup
 	$(PY) bench/load_test.py $(LOAD_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		$(VSCODE_DIR)/node_modules $(VSCODE_DIR)/out

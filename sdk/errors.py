@@ -1,4 +1,8 @@
-"""Typed errors: one exception class per gRPC status a caller may want to handle."""
+"""Typed errors: one exception class per gRPC status a caller may want to handle.
+
+Every error carries the status (`code`) and the server's own words
+(`message`): for InvalidArgument the message names the field and the limit.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,10 @@ class Unauthenticated(NibError):
     """Missing or wrong API key."""
 
 
+class PermissionDenied(NibError):
+    """The API key is valid but may not do this."""
+
+
 class ResourceExhausted(NibError):
     """The server's queue is full; try again later."""
 
@@ -35,12 +43,13 @@ class DeadlineExceeded(NibError):
 
 
 class Cancelled(NibError):
-    """The call was cancelled."""
+    """The call was cancelled by someone other than this stream's caller."""
 
 
 _BY_CODE: dict[grpc.StatusCode, type[NibError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
@@ -48,12 +57,24 @@ _BY_CODE: dict[grpc.StatusCode, type[NibError]] = {
 }
 
 
+def error_for(code: grpc.StatusCode, message: str) -> NibError:
+    return _BY_CODE.get(code, NibError)(code, message)
+
+
+def rpc_code(error: grpc.RpcError) -> grpc.StatusCode:
+    """The status of a failed sync or asyncio call (both expose code())."""
+    code = getattr(error, "code", None)
+    result = code() if callable(code) else None
+    return result if isinstance(result, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+
+
 def from_rpc_error(error: grpc.RpcError) -> NibError:
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = error.details() if isinstance(error, grpc.Call) else str(error)
-    return _BY_CODE.get(code, NibError)(code, details or "")
+    details = getattr(error, "details", None)
+    message = details() if callable(details) else str(error)
+    return error_for(rpc_code(error), message or "")
 
 
 def from_code(code_value: int, message: str) -> NibError:
+    """The error for a numeric status (google.rpc.Code numbering), as a session's Done carries."""
     code = next((c for c in grpc.StatusCode if c.value[0] == code_value), grpc.StatusCode.UNKNOWN)
-    return _BY_CODE.get(code, NibError)(code, message)
+    return error_for(code, message)

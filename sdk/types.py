@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class FinishReason(enum.StrEnum):
+    """Why a completion ended. A str, so `reason == "length"` works too."""
+
+    LENGTH = "length"  # max_tokens generated, or the context is full
+    STOP = "stop"  # a stop string was generated (see `stop`)
+    END_OF_TEXT = "end_of_text"  # the model ended the text
+    CANCELLED = "cancelled"  # the caller cancelled it
+    SUPERSEDED = "superseded"  # a newer completion on the same session replaced it
+    ERROR = "error"  # the server failed it (raised as a NibError)
+    UNSPECIFIED = "unspecified"  # the server sent none (a protocol bug)
 
 
 @dataclass(frozen=True)
@@ -20,6 +33,19 @@ class Timings:
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     inter_token_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished completion, as `stream.result()` returns it."""
+
+    request_id: str
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    stop: str = ""
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

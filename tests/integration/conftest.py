@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nib.sdk import Client, NibError
+from nib.sdk import AsyncClient, Client, NibError
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 
@@ -89,10 +90,11 @@ def start_server(
     metrics: bool = False,
     wait_serving: bool = True,
     health_client: Callable[[str], Any] = Client,
+    port: int | None = None,
 ) -> ServerProcess:
     """Start `nib serve` on a free port; return once health is SERVING (or, with
     wait_serving=False, once health answers at all)."""
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-m", "nib.sdk.cli", "serve", "--port", str(port), *extra]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]
@@ -127,6 +129,29 @@ def stop_server(server: ServerProcess) -> None:
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
+
+
+# A cancel reaches the server when the next request starts within a few decode steps:
+# a generation that kept running would hold the (one-request-at-a-time) engine for minutes.
+def assert_engine_free(client: Client) -> None:
+    """The next request starts within a few decode steps: nothing runs on the engine."""
+    nxt = client.complete("y", max_tokens=4).result()
+    step_ms = statistics.median(nxt.timings.inter_token_ms)
+    assert nxt.timings.queue_ms < 20 * step_ms + 250, (nxt.timings, step_ms)
+
+
+def assert_cancelled_on_server(server: ServerProcess, request_id: str, *causes: str) -> None:
+    """The server's own record of the completion: it ended early, for one of `causes`."""
+    event = server.request_event(request_id)
+    assert event["finish_reason"] in ("cancelled", "superseded"), event
+    assert event["cancel_cause"] in causes, event
+    assert isinstance(event["completion_tokens"], int) and event["completion_tokens"] < 200, event
+
+
+async def assert_engine_free_async(client: AsyncClient) -> None:
+    nxt = await client.complete("y", max_tokens=4).result()
+    step_ms = statistics.median(nxt.timings.inter_token_ms)
+    assert nxt.timings.queue_ms < 20 * step_ms + 250, (nxt.timings, step_ms)
 
 
 @pytest.fixture(scope="session")
@@ -173,6 +198,16 @@ def json_stream(text: str) -> list[dict[str, object]]:
             return out
         obj, i = decoder.raw_decode(text, i)
         out.append(obj)
+
+
+@pytest.fixture(scope="session")
+def slow_server(
+    slow_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The slow random model: generations long enough to cancel, one token per byte."""
+    proc = start_server(slow_model_dir, tmp_path_factory.mktemp("logs") / "slow-server.log")
+    yield proc
+    stop_server(proc)
 
 
 @pytest.fixture(scope="session")

@@ -70,9 +70,7 @@ def test_replicas_come_from_the_measured_decode_rows(capacity: ModuleType) -> No
     data = json.loads(capacity.RESULTS.read_text())
     context = data["prompt_tokens"] + data["new_tokens"]
     rows = {
-        r["shape"]: r
-        for r in data["rows"]
-        if r["impl"] == "nib-graphs" and r["context"] == context
+        r["shape"]: r for r in data["rows"] if r["impl"] == "nib-graphs" and r["context"] == context
     }
     _, replicas = capacity.load_replicas()
     assert {r.shape for r in replicas} == set(rows)
