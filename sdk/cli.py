@@ -74,6 +74,10 @@ def cmd_health(args: argparse.Namespace) -> int:
     with Client(args.address) as client:
         status = client.health(timeout=args.timeout or 5.0)
     print(status)
+    if args.verbose:
+        from nib.sdk.health_report import fetch_health_detail, format_health_detail
+
+        print(format_health_detail(fetch_health_detail(args.address, args.timeout or 5.0)))
     return 0 if status == "SERVING" else 1
 
 
@@ -124,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("health", help="exit 0 if the server is SERVING")
     h.add_argument("--address", default=_default_address(), help=ADDRESS_HELP)
     h.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    h.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also print the health detail: self-check, kernels, graphs, versions, GPU state",
+    )
     h.set_defaults(func=cmd_health)
     return parser
 
