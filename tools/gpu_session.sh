@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU host: environment report, GPU tests, benchmarks; logs under $OUT.
-#   bash tools/gpu_session.sh [tests] [int4] [decode] [typing] [wire]   (default: all)
+#   bash tools/gpu_session.sh [tests] [int4] [decode] [typing] [wire] [ops]
+#   (default: all but ops; ops = only the start-up self-check / telemetry tests, which
+#   `tests` runs too; it also writes what `nib health --verbose` prints on this GPU)
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
 # network: missing wheels travel in .whl/ (see README, "GPU runs").
 set -uo pipefail
@@ -23,7 +25,7 @@ for step in $steps; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests)  # every GPU test, and the Triton kernels compiled against their references
-      timeout 360 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
+      timeout 540 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
         --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
       status=$((status | ${PIPESTATUS[0]})) ;;
     int4)
@@ -34,6 +36,10 @@ for step in $steps; do
       status=$((status | ${PIPESTATUS[0]})) ;;
     typing)
       timeout 240 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda 2>&1 | tee "$OUT/bench-typing.log" | tail -4
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    ops)  # self-check, refusal on a corrupted kernel, versions, telemetry, health detail
+      timeout 540 python3 -m pytest -p no:cacheprovider -q -rs -s tests/gpu/test_selfcheck_gpu.py \
+        tests/gpu/test_ops_server_gpu.py --junitxml="$OUT/ops-tests.xml" 2>&1 | tee "$OUT/ops-tests.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     wire)
       timeout 240 python3 bench/wire.py --shape qwen2.5-coder-1.5b 2>&1 | tee "$OUT/bench-wire.log" | tail -3

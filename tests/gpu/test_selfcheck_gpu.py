@@ -85,6 +85,8 @@ def test_self_check_passes_on_every_int4_path(int4: Engine) -> None:
     linear = [p for p in int4.kernel_paths if p.op == "linear"]
     assert linear and all(p.kernel.startswith("int4 ") for p in linear)
     assert all(p.graphs for p in linear)
+    slow = [(p.layer, p.rows, p.kernel) for p in linear if p.fallback]
+    assert not slow, f"INT4 kernels fell back to slower paths on this GPU: {slow}"
 
 
 def test_versions_paths_and_memory_are_reported(bf16: Engine) -> None:
@@ -100,7 +102,9 @@ def test_versions_paths_and_memory_are_reported(bf16: Engine) -> None:
     health = engine_health(bf16)
     assert health.state == "ready" and health.kernel_mode == "triton"
     assert set(health.kernel_fallbacks) >= set(GPU_KERNELS)
-    assert all(n == 0 for n in health.kernel_fallbacks.values()), health.kernel_fallbacks
+    # (INT4 fallbacks are counted per process: the INT4 test checks its own paths.)
+    sixteen_bit = {k: n for k, n in health.kernel_fallbacks.items() if not k.startswith("int4")}
+    assert all(n == 0 for n in sixteen_bit.values()), health.kernel_fallbacks
     memory = health.memory
     assert memory is not None and memory.graph_pool is not None
     pool = memory.graph_pool
