@@ -131,7 +131,11 @@ def run_torch_int4(hf: torch.nn.Module, prompt: list[int], new: int, reps: int) 
             token = prefill(model, ids)
             stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
             for i in range(new - 1):
-                token = step(token.view(1, 1), torch.tensor([len(prompt) + i], device="cuda"))
+                # The compiled step's output lives in its CUDA graph's memory: copy it
+                # out before the next replay overwrites it.
+                torch.compiler.cudagraph_mark_step_begin()
+                position = torch.tensor([len(prompt) + i], device="cuda")
+                token = step(token.view(1, 1), position).clone()
                 stamps.append(time.perf_counter() if int(token) >= 0 else 0.0)
         if rep >= 2:
             results.append(summarise(stamps, start))
@@ -322,6 +326,25 @@ def bench_shape(
     return rows
 
 
+def readme_table(result: dict) -> list[str]:  # type: ignore[type-arg]
+    table = [
+        "| shape | impl | context | ms/token (median) | p90 | TTFT ms | MB/token | floor ms | % of floor |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        table.append(
+            f"| {r['shape']} | {r['impl']} | {r['context']} | {r['ms_per_token_median']:.3f} | "
+            f"{r['ms_per_token_p90']:.3f} | {r['ttft_ms']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | "
+            f"{r['floor_ms']:.3f} | {100 * r['fraction_of_floor']:.0f}% |"
+        )
+    return table
+
+
+def readme_caption(result: dict) -> str:  # type: ignore[type-arg]
+    runs = "; ".join(f"`{c}`" for c in result.get("commands", [result["command"]]))
+    return f"{result['device']}, torch {result['torch']}, {result['date']}; {runs}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -352,36 +375,33 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         torch.cuda.empty_cache()
     today = dt.date.today().isoformat()
+    command = "python3 bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for row in rows:  # a day's file may hold rows of several runs (e.g. --impls)
+        row.update(
+            command=command, copy_bandwidth_gbps=bandwidth, run=dt.datetime.now().isoformat()
+        )
+    path = args.out / f"{today}-decode.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    replaced = {(r["shape"], r["impl"], r["context"]) for r in rows}
+    kept = [
+        r for r in earlier.get("rows", []) if (r["shape"], r["impl"], r["context"]) not in replaced
+    ]
     result = {
         "date": today,
         "device": device_name(),
         "torch": torch.__version__,
-        "command": "python3 bench/decode.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
+        "commands": [*earlier.get("commands", []), command],
         "copy_bandwidth_gbps": bandwidth,
         "prompt_tokens": args.prompt,
         "new_tokens": args.new,
-        "rows": rows,
+        "rows": kept + rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{today}-decode.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "partial-decode.json").unlink(missing_ok=True)
-    table = [
-        "| shape | impl | ms/token (median) | p90 | TTFT ms | MB/token | floor ms | % of floor |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        table.append(
-            f"| {r['shape']} | {r['impl']} | {r['ms_per_token_median']:.3f} | {r['ms_per_token_p90']:.3f} | "
-            f"{r['ttft_ms']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['floor_ms']:.3f} | "
-            f"{100 * r['fraction_of_floor']:.0f}% |"
-        )
-    write_readme_table(
-        "decode",
-        f"{result['device']}, torch {result['torch']}, {today}, copy bandwidth {bandwidth:.0f} GB/s, `{result['command']}`",
-        table,
-    )
+    table = readme_table(result)
+    write_readme_table("decode", readme_caption(result), table)
     print(f"wrote {path}")
     print("\n".join(table))
     return 0

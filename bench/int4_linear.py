@@ -183,6 +183,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--write-tuned", action="store_true", help="write engine/quant/tuned.json")
     p.add_argument("--no-readme", action="store_true", help="leave bench/README.md alone")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S, help="time for trying configs")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/int4_linear.py needs a CUDA GPU", file=sys.stderr)
@@ -199,7 +200,7 @@ def main() -> int:
     for model, name, k, n in shapes:
         for m in MS:
             done += 1
-            deadline = started + BUDGET_S * done / total  # spread the tuning budget evenly
+            deadline = started + args.budget_s * done / total  # spread the tuning budget evenly
             for r in bench_layer(k, n, m, deadline):
                 r.update(
                     layer=f"{model}.{name}", m=m, gbps=r["weight_bytes"] / r["us_median"] / 1e3

@@ -472,7 +472,7 @@ class Engine:
             seed = (
                 params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
             )
-            runner.sampler.set_request(params, seed)
+            runner.set_sampling(params, seed)
         if params.greedy and self.config.speculative_k > 0:
             spec = Speculator(self.config.speculative_k)
             tokens = runner.generate_speculative(job.prompt_ids, budget, start, spec)

@@ -35,6 +35,7 @@ from nib.engine.graphs_common import decode_attend_fn
 from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.model import Transformer
 from nib.engine.ops import fresh_prefill_attention
+from nib.engine.request import GenerationParams
 from nib.engine.speculative import Speculator, accept_greedy
 
 log = logging.getLogger("nib.engine")
@@ -245,6 +246,11 @@ class GraphRunner:
                 self.on_fallback(name)
         with torch.inference_mode():
             self.bodies[name]()
+
+    def set_sampling(self, params: GenerationParams, seed: int) -> None:
+        """Load a request's sampling parameters, ordered before its prefill on our stream."""
+        with torch.cuda.stream(self.stream):
+            self.sampler.set_request(params, seed)
 
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)

@@ -1,54 +1,55 @@
 #!/usr/bin/env bash
-# One call on the GPU host: environment report, GPU tests, benchmarks; logs under $OUT.
-#   bash tools/gpu_session.sh [tests] [int4] [decode] [typing] [wire] [ops]
-#   (default: all but ops; ops = only the start-up self-check / telemetry tests, which
-#   `tests` runs too; it also writes what `nib health --verbose` prints on this GPU)
+# One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
+# and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
+#   bash tools/gpu_session.sh [tests] [int4] [typing] [decode] [wire] [speculative] [ops]
+# ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
+# with what `nib health --verbose` prints on this GPU in its log.
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
-# network: missing wheels travel in .whl/ (see README, "GPU runs").
+# network: missing wheels travel in .whl/ (README, "GPU runs"). BUDGET_S caps the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/nib-out}
-mkdir -p "$OUT"
+LOGS=/tmp/nib-logs
+mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1
+deadline=$(( $(date +%s) + ${BUDGET_S:-570} ))
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$(python3 tools/devtree.py)${PYTHONPATH:+:$PYTHONPATH}"
-steps=${*:-tests int4 decode typing wire}
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
-} 2>&1 | tee "$OUT/env.txt"
-status=0
-for step in $steps; do
-  echo "=== $step $(date -u +%T)"
+} > "$LOGS/env.txt" 2>&1
+# run NAME CAP_SECONDS CMD...: at most CAP seconds, and never past the deadline.
+run() {
+  local name=$1 cap=$2; shift 2
+  local left=$(( deadline - $(date +%s) - 20 ))
+  (( left < cap )) && cap=$left
+  if (( cap < 20 )); then echo "=== $name skipped: out of time"; return; fi
+  echo "=== $name $(date -u +%T) (cap ${cap}s)"
+  timeout "$cap" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc"
+  tail -n "${TAIL:-12}" "$LOGS/$name.log"
+}
+for step in ${*:-tests int4 typing decode}; do
   case $step in
-    tests)  # every GPU test, and the Triton kernels compiled against their references
-      timeout 540 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
-        --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    int4)
-      timeout 300 python3 bench/int4_linear.py --out bench/results --write-tuned 2>&1 | tee "$OUT/bench-int4.log" | tail -25
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    decode)
-      timeout 540 python3 bench/decode.py --out bench/results 2>&1 | tee "$OUT/bench-decode.log" | grep -v "^  " | tail -30
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    typing)
-      timeout 240 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda 2>&1 | tee "$OUT/bench-typing.log" | tail -4
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    ops)  # self-check, refusal on a corrupted kernel, versions, telemetry, health detail
-      timeout 540 python3 -m pytest -p no:cacheprovider -q -rs -s tests/gpu/test_selfcheck_gpu.py \
-        tests/gpu/test_ops_server_gpu.py --junitxml="$OUT/ops-tests.xml" 2>&1 | tee "$OUT/ops-tests.log" | tail -40
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    wire)
-      timeout 240 python3 bench/wire.py --shape qwen2.5-coder-1.5b 2>&1 | tee "$OUT/bench-wire.log" | tail -3
-      status=$((status | ${PIPESTATUS[0]})) ;;
-    *)
-      echo "unknown step $step"; status=1 ;;
+    tests) TAIL=6 run tests 200 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
+             --junitxml="$LOGS/gpu-tests.xml"
+           grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | cut -c1-160 | head -20 ;;
+    int4) run int4 160 python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;
+    typing) run typing 100 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda --max-chars 1500 ;;
+    decode) TAIL=16 run decode 400 python3 bench/decode.py --out bench/results --reps 2 \
+              --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
+    wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
+    speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;
+    ops) TAIL=40 run ops 300 python3 -m pytest -p no:cacheprovider -q -rs -s \
+           tests/gpu/test_selfcheck_gpu.py tests/gpu/test_ops_server_gpu.py --junitxml="$LOGS/ops-tests.xml" ;;
+    *) echo "unknown step $step" ;;
   esac
 done
-# Everything the run produced travels back in one archive (the tool returns at most 8 files).
-tar czf "$OUT/results.tgz" bench/results bench/README.md engine/quant/tuned.json 2>/dev/null
-echo "=== done $(date -u +%T) status $status"
-exit $status
+cp -r bench/results "$LOGS/" 2>/dev/null; cp bench/README.md engine/quant/tuned.json "$LOGS/" 2>/dev/null
+tar czf "$OUT/results.tgz" -C "$LOGS" .
+echo "=== done $(date -u +%T)"

@@ -4,9 +4,10 @@ Each query token t attends to positions [0, L_t) of the cache, L_t = pos_t + 1
 read from device memory (T = 1 for a decode step; T > 1 for a chunk of new
 tokens after a reused prefix, or a speculative verify step): consecutive decode graph replays need no host input,
 and the work grows with the filled length, not with max_context. The sequence
-is cut into CHUNK-sized splits; each program handles one KV head (all its GQA
-query heads together, so K and V are read once) over one split and writes a
-partial output with its running max and sum; a second kernel merges them.
+is cut into CHUNK-sized splits; each program handles one query head over one split
+(query heads of one KV head read the same K/V, served by the L2 after the
+first) and writes a partial output with its running max and sum; a second
+kernel merges them.
 Splits that start past L return at once.
 
 Napkin math (Llama-2-7B, L = 600): per layer K+V = 2 * L * kv_heads * head_dim *
@@ -28,25 +29,25 @@ import triton.language as tl
 def _partial_kernel(
     Q, K, V, POS, O_PART, ML_PART,
     S, sm_scale,
-    H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+    H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    kvh = tl.program_id(0)
+    # One program per (query head, split, query token): a 1-D dot product per key, no
+    # padded matrix multiply (a query row is too small for tensor cores to pay). Query
+    # heads sharing a KV head read the same K/V, which the L2 serves after the first.
+    h = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
     T = tl.num_programs(2)
     length = tl.load(POS + t) + 1
     start = split * CHUNK
     if start < length:
-        g = tl.arange(0, G_PAD)
+        kvh = h // GROUP
         d = tl.arange(0, D)
-        g_ok = g < GROUP
-        heads = kvh * GROUP + g
-        q = tl.load(Q + (heads[:, None] * T + t) * D + d[None, :], mask=g_ok[:, None], other=0.0)
-        q = q.to(tl.float32) * sm_scale
-        m = tl.full((G_PAD,), float("-inf"), tl.float32)
-        l_sum = tl.zeros((G_PAD,), tl.float32)
-        acc = tl.zeros((G_PAD, D), tl.float32)
+        q = tl.load(Q + (h * T + t) * D + d).to(tl.float32) * sm_scale
+        m = tl.max(tl.full((BLOCK_N,), float("-inf"), tl.float32), axis=0)
+        l_sum = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+        acc = tl.zeros((D,), tl.float32)
         end = tl.minimum(start + CHUNK, length)
         base = kvh * S * D
         # Static trip count (CHUNK / BLOCK_N) so the loop unrolls and pipelines; blocks
@@ -55,19 +56,19 @@ def _partial_kernel(
             n = start + n0 + tl.arange(0, BLOCK_N)
             n_ok = n < end
             k = tl.load(K + base + n[:, None] * D + d[None, :], mask=n_ok[:, None], other=0.0)
-            v = tl.load(V + base + n[:, None] * D + d[None, :], mask=n_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            s = tl.where(n_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
+            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            s = tl.where(n_ok, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
             alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_sum = l_sum * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            p = tl.exp(s - m_new)
+            v = tl.load(V + base + n[:, None] * D + d[None, :], mask=n_ok[:, None], other=0.0)
+            l_sum = l_sum * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
             m = m_new
-        row = (t * H + heads) * SPLITS + split
-        tl.store(O_PART + row[:, None] * D + d[None, :], acc, mask=g_ok[:, None])
-        tl.store(ML_PART + row * 2, m, mask=g_ok)
-        tl.store(ML_PART + row * 2 + 1, l_sum, mask=g_ok)
+        row = (t * H + h) * SPLITS + split
+        tl.store(O_PART + row * D + d, acc)
+        tl.store(ML_PART + row * 2, m)
+        tl.store(ML_PART + row * 2 + 1, l_sum)
 
 
 @triton.jit
@@ -132,12 +133,11 @@ class DecodeAttention:
                 f"decode attention: q must be contiguous, with at most {self.max_queries} tokens"
             )
         out = torch.empty_like(q)
-        _partial_kernel[(self.num_kv_heads, self.splits, t)](
+        _partial_kernel[(self.num_heads, self.splits, t)](
             q, k_cache, v_cache, positions, self.o_part, self.ml_part,
             k_cache.shape[2], self.sm_scale,
-            H=self.num_heads, GROUP=self.group, G_PAD=max(16, triton.next_power_of_2(self.group)),
-            D=self.head_dim, CHUNK=self.chunk, BLOCK_N=self.block_n, SPLITS=self.splits,
-            num_warps=4,
+            H=self.num_heads, GROUP=self.group, D=self.head_dim,
+            CHUNK=self.chunk, BLOCK_N=self.block_n, SPLITS=self.splits, num_warps=4,
         )  # fmt: skip
         _merge_kernel[(self.num_heads, t)](
             self.o_part, self.ml_part, positions, out,

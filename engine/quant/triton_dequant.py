@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 # fp16x2 constants: (1032.0, 1032.0), (1/16, 1/16), (-72.0, -72.0).
-_DEQUANT_PTX = """
+# tl.constexpr: a @jit function may only read globals declared as compile-time constants.
+_DEQUANT_PTX = tl.constexpr("""
 {
 .reg .b32 t, s, c1032, c16th, cm72;
 mov.b32 c1032, 0x64086408;
@@ -35,11 +36,11 @@ sub.f16x2 $2, t, c1032;
 lop3.b32 t, s, 0x00f000f0, 0x64006400, 0xea;
 fma.rn.f16x2 $3, t, c16th, cm72;
 }
-"""
+""")
 
 # Dot product of 8 codes (4 fp16x2 pairs) with 8 activations (4 fp16x2 pairs):
 # four fp16x2 multiply-adds, then the two lanes are added in fp32.
-_DOT8_PTX = """
+_DOT8_PTX = tl.constexpr("""
 {
 .reg .b32 acc;
 .reg .b16 lo, hi;
@@ -53,7 +54,7 @@ cvt.f32.f16 flo, lo;
 cvt.f32.f16 fhi, hi;
 add.f32 $0, flo, fhi;
 }
-"""
+""")
 
 
 @triton.jit

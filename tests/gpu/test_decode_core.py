@@ -90,6 +90,7 @@ def test_graph_logits_equal_eager_logits(engines) -> None:  # type: ignore[no-un
         replayed, next_token = runner.last_logits.clone(), runner.token.clone()
         runner.pos.copy_(pos)
         runner.token.copy_(token)
+        runner.stream.wait_stream(torch.cuda.current_stream())  # the copies above come first
         with torch.cuda.stream(runner.stream), torch.inference_mode():
             runner.bodies[runner._decode_name(parity, True)]()
         runner.stream.synchronize()
@@ -181,7 +182,7 @@ def test_capture_failure_falls_back_to_eager_and_keeps_serving(
         real(self, parity, greedy)
 
     monkeypatch.setattr(graphs_mod.GraphRunner, "_decode_body", broken)
-    engine = start(model_dir)
+    engine = start(model_dir, speculative_k=0)  # plain decoding alternates both parities
     try:
         state = engine.runner.states["decode-greedy-1"]
         assert state.fallback and not state.ready and "injected" in state.error

@@ -176,9 +176,13 @@ def json_stream(text: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="session")
-def server(
-    slow_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    proc = start_server(slow_model_dir, tmp_path_factory.mktemp("logs") / "server.log")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`nib serve` with no --model: the shipped model (engine/assets/nib-tiny-code)."""
+    from nib.engine.default_model import SHIPPED_MODEL
+
+    assert (SHIPPED_MODEL / "config.json").is_file(), (
+        f"the shipped model is missing: {SHIPPED_MODEL}"
+    )
+    proc = start_server(None, tmp_path_factory.mktemp("logs") / "server.log")
     yield proc
     stop_server(proc)

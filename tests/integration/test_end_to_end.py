@@ -56,8 +56,8 @@ def test_bad_parameters_get_invalid_argument_naming_the_field(server: ServerProc
             list(client.complete("x", max_tokens=100000))
         with pytest.raises(InvalidArgument, match="prompt: must not be empty"):
             list(client.complete(""))
-        with pytest.raises(InvalidArgument, match=r"prompt: is .* tokens; the context holds 2048"):
-            list(client.complete("a" * 5000))
+        with pytest.raises(InvalidArgument, match=r"prompt: is \d+ tokens; the context holds \d+"):
+            list(client.complete("x = 1\n" * 3000))
         # The server keeps serving after rejecting.
         assert "".join(client.complete("ok", max_tokens=3)) is not None
 
