@@ -25,7 +25,9 @@ class DeviceSampler:
         self.noise = torch.empty(vocab_size, device=device)
         self.rank = torch.arange(vocab_size, device=device)
         # Host-side staging, copied to the device in one go per request.
-        self._staging = torch.zeros(5, dtype=torch.float64).pin_memory()
+        self._staging = torch.zeros(5, dtype=torch.float64)
+        if device.type == "cuda":
+            self._staging = self._staging.pin_memory()
 
     def set_request(self, params: GenerationParams, seed: int) -> None:
         """Load one request's parameters (outside any graph)."""

@@ -31,7 +31,9 @@ from nib.engine.errors import EngineUnavailable, InvalidRequest, QueueFull
 from nib.engine.handle import Handle
 from nib.engine.healing import HealedText, HealPlan, TokenHealer
 from nib.engine.hooks import EngineHooks, EngineState
+from nib.engine.kernel_paths import KernelPath, reference_paths
 from nib.engine.loader import load_model
+from nib.engine.memory import PoolUsage
 from nib.engine.model import Transformer
 from nib.engine.prefix_cache import PrefixCache
 from nib.engine.quant.gptq_format import read_gptq_config
@@ -47,9 +49,12 @@ from nib.engine.request import (
     Usage,
 )
 from nib.engine.sampling import Sampler
+from nib.engine.selfcheck import SelfCheckReport, SelfCheckStatus
 from nib.engine.speculative import Speculator, accept_greedy, accept_sampled
+from nib.engine.startup import startup_record
 from nib.engine.stats import EngineStats
 from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
+from nib.engine.versions import Versions, collect_versions
 
 if TYPE_CHECKING:
     from nib.engine.graphs import GraphRunner
@@ -77,6 +82,9 @@ class EngineConfig:
     quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
     speculative_k: int = 6  # prompt-lookup draft tokens per verify step (0: off)
     token_healing: bool = True  # re-choose the prompt's last token (see healing.py)
+    # On a GPU below the kernels' compute capability, run the PyTorch reference path
+    # instead of refusing to start (see engine/versions.py).
+    allow_reference_fallback: bool = False
 
     @property
     def int4(self) -> bool:
@@ -107,6 +115,8 @@ class ModelInfo:
     max_tokens_limit: int
     supports_infill: bool
     graphs: tuple[tuple[str, bool, bool], ...] = ()  # (name, ready, fallback)
+    versions: Versions | None = None
+    kernel_paths: tuple[KernelPath, ...] = ()  # which kernel runs each layer
 
 
 @dataclass
@@ -141,6 +151,16 @@ class Engine:
         self.model: Transformer | None = None
         self.runner: GraphRunner | None = None
         self.gemv_choices: dict[tuple[int, int], str] = {}
+        # What the operator sees (health detail, model-info); filled in as the engine starts.
+        cpu = self.device.type == "cpu"
+        self.kernel_mode = "cpu" if cpu else "pending"  # then "triton" or "reference"
+        self.versions = collect_versions(torch.device("cpu"))  # the GPU's, once started
+        self.selfcheck = SelfCheckReport(
+            SelfCheckStatus.NOT_RUN if cpu else SelfCheckStatus.PENDING,
+            "the CPU engine runs the PyTorch references" if cpu else "runs before ready",
+        )
+        self.kernel_paths: tuple[KernelPath, ...] = ()
+        self.graph_pool: PoolUsage | None = None
         self.prefix: PrefixCache | None = None
         self.prompt_tokens_reused = 0  # counters for metrics
         self.prompt_tokens_computed = 0
@@ -201,6 +221,8 @@ class Engine:
                 (s.name, s.ready, s.fallback)
                 for s in (self.runner.states.values() if self.runner else ())
             ),
+            versions=self.versions,
+            kernel_paths=self.kernel_paths,
         )
 
     # -- requests ----------------------------------------------------------
@@ -263,6 +285,8 @@ class Engine:
     def _run(self) -> None:
         try:
             started = time.perf_counter()
+            self.versions = collect_versions(self.device)
+            log.info("versions", extra={"versions": self.versions.__dict__})
             self.model = load_model(
                 self.config.model_dir,
                 dtype=self.dtype,
@@ -272,6 +296,8 @@ class Engine:
             self.model.setup_cache(self.max_context)
             if self.device.type == "cuda":
                 self._setup_gpu()
+            else:
+                self.kernel_paths = reference_paths(self.model, fallback=False)
             self._warm_up()
             if self.hooks.before_ready is not None:
                 self.hooks.before_ready()
@@ -281,6 +307,7 @@ class Engine:
                     caches, self.config.prefix_cache_entries, self.config.prefix_cache_bytes
                 )
             log.info("engine ready in %.2fs", time.perf_counter() - started)
+            log.info("startup report", extra=startup_record(self))
             self.ready.set()
         except BaseException as exc:
             self._fail("engine failed to start", exc)
@@ -358,30 +385,11 @@ class Engine:
             self._emit(job, DoneEvent(FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
 
     def _setup_gpu(self) -> None:
-        """Fused Triton glue, the tuned GEMV, then graphs captured for every shape."""
-        from nib.engine.graphs import GraphRunner
-        from nib.engine.kernels.gemv import swap_in_gemv
-        from nib.engine.ops import TritonOps
+        """Compute-capability check, fused Triton glue, the tuned GEMV, the kernel
+        self-check, then graphs captured for every shape (engine/startup.py)."""
+        from nib.engine.startup import setup_gpu
 
-        assert self.model is not None
-        self.model.ops = TritonOps()
-        started = time.perf_counter()
-        self.gemv_choices = swap_in_gemv(self.model, tune=self.config.tune_kernels)
-        log.info("linear kernels per (out, in): %s", self.gemv_choices)
-        self.runner = GraphRunner(
-            self.model,
-            self.max_context,
-            use_graphs=self.config.use_graphs,
-            on_fallback=self.stats.record_graph_fallback,
-        )
-        self.runner.capture()
-        captured = sum(s.ready for s in self.runner.states.values())
-        log.info(
-            "captured %d/%d CUDA graphs in %.1fs (incl. kernel tuning)",
-            captured,
-            len(self.runner.states),
-            time.perf_counter() - started,
-        )
+        setup_gpu(self)
 
     def _generate(self, job: _Job) -> None:
         start = time.perf_counter()

@@ -119,6 +119,7 @@ class GraphRunner:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.states: dict[str, GraphState] = {}
         self.fallbacks: dict[str, int] = {}
+        self.pool: tuple[int, int] | None = None  # the graphs' private memory pool, once captured
         self.bodies: dict[str, Callable[[], None]] = {}
         for b in self.buckets:
             for greedy in (True, False):
@@ -220,6 +221,7 @@ class GraphRunner:
                 with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=self.stream):
                     body()
                 pool = graph.pool() if pool is None else pool
+                self.pool = pool
                 self._load_dummy_prompt()
                 with torch.cuda.stream(self.stream):
                     graph.replay()

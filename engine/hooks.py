@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 class EngineState(enum.Enum):
@@ -28,3 +29,7 @@ class EngineHooks:
     before_ready: Callable[[], None] | None = None
     # Called between two decode steps: (request_id, tokens generated so far).
     before_step: Callable[[str, int], None] | None = None
+    # Tests only: the start-up kernel self-check calls it with (kernel, inputs) before
+    # running the kernel under test and runs the kernel on what it returns, while the
+    # reference keeps the original inputs: a corrupted input must fail the check.
+    tamper_selfcheck: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None

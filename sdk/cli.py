@@ -70,6 +70,10 @@ def cmd_health(args: argparse.Namespace) -> int:
         else:
             status = client.health(timeout=args.timeout or 5.0)
     print(status)
+    if args.verbose:
+        from nib.sdk.health_report import fetch_health_detail, format_health_detail
+
+        print(format_health_detail(fetch_health_detail(args.address, args.timeout or 5.0)))
     return 0 if status == "SERVING" else EXIT_ERROR
 
 
@@ -152,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", help="print readiness; exit 0 if SERVING")
     h.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to this for SERVING")
+    h.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also print the health detail: self-check, kernels, graphs, versions, GPU state",
+    )
     add_connection_args(h)
     h.set_defaults(func=cmd_health)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tls-client-ca", type=Path, help="require client certificates signed by this CA"
     )
+    p.add_argument(
+        "--telemetry-interval",
+        type=float,
+        default=5.0,
+        help="seconds between GPU telemetry samples (NVML) and fragmentation checks; 0 turns "
+        "them off (default 5)",
+    )
+    p.add_argument(
+        "--fragmentation-threshold",
+        type=float,
+        default=0.3,
+        help="warn when this share of reserved CUDA memory (outside the graph pool) holds no "
+        "tensor (default 0.3)",
+    )
+    p.add_argument(
+        "--allow-reference-fallback",
+        action="store_true",
+        help="on a GPU below the kernels' compute capability (8.0), run the slow PyTorch "
+        "reference path instead of refusing to start",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", default="json", choices=FORMATS)
     return p
@@ -81,9 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("--max-message-bytes", args.max_message_bytes, 1024),
         ("--max-concurrent-rpcs", args.max_concurrent_rpcs, 1),
         ("--grace", args.grace, 0),
+        ("--telemetry-interval", args.telemetry_interval, 0),
     ):
         if value < low:
             parser.error(f"{flag} is {value}; must be at least {low}")
+    if not math.isfinite(args.telemetry_interval):
+        parser.error(f"--telemetry-interval is {args.telemetry_interval}; must be a number")
+    if not 0 < args.fragmentation_threshold <= 1:
+        parser.error(
+            f"--fragmentation-threshold is {args.fragmentation_threshold}; must be in (0, 1]"
+        )
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca is not None and args.tls_cert is None:
@@ -113,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_max_tokens=args.default_max_tokens,
         max_queue=args.max_queue,
         quant=args.quant,
+        allow_reference_fallback=args.allow_reference_fallback,
     )
     config = ServerConfig(
         engine=engine,
@@ -126,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_message_bytes=args.max_message_bytes,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         faults=faults,
+        telemetry_interval_s=args.telemetry_interval,
+        fragmentation_threshold=args.fragmentation_threshold,
     )
     asyncio.run(serve(config))
     return 0

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from nib.engine.engine import ModelInfo
 from nib.engine.errors import InvalidRequest
+from nib.engine.kernel_paths import KernelPath
 from nib.engine.request import DoneEvent, Event, FinishReason, GenerationParams, Prompt
+from nib.engine.versions import Versions
 from nib.v1 import completion_pb2 as pb
 
 MAX_STOP_STRINGS = 16
@@ -159,4 +161,14 @@ def model_info_to_pb(info: ModelInfo, server_version: str) -> pb.GetModelInfoRes
         supports_infill=info.supports_infill,
         graphs=[pb.GraphInfo(name=n, ready=r, fallback=f) for n, r, f in info.graphs],
         server_version=server_version,
+        versions=versions_to_pb(info.versions) if info.versions else None,
+        kernel_paths=kernel_paths_to_pb(info.kernel_paths),
     )
+
+
+def versions_to_pb(v: Versions) -> pb.Versions:
+    return pb.Versions(**asdict(v))
+
+
+def kernel_paths_to_pb(paths: tuple[KernelPath, ...]) -> list[pb.KernelPath]:
+    return [pb.KernelPath(**asdict(p)) for p in paths]

@@ -8,6 +8,10 @@ Keys:
   engine_crash_after_tokens=N  the engine thread dies after its N-th generated token
   request_error_after_tokens=N a request fails (an exception in the engine) after N tokens;
                                the engine goes on serving
+  corrupt_kernel=NAME          the start-up self-check feeds kernel NAME (e.g. int4_linear,
+                               linear, rms_norm) a corrupted input: its scales (INT4) or weight
+                               in a wrong layout, else its first input reversed. The check must
+                               fail and the engine refuse to serve (GPU engines only)
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
 
 from nib.engine.hooks import EngineHooks, EngineState
 
@@ -36,16 +43,18 @@ class FaultPlan:
     step_delay_s: float = 0.0
     engine_crash_after_tokens: int = 0  # 0: off
     request_error_after_tokens: int = 0  # 0: off
+    corrupt_kernel: str = ""  # "": off
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
         known = {f.name: f.type for f in fields(cls)}
-        values: dict[str, float | int] = {}
+        values: dict[str, float | int | str] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
             if not sep or key not in known:
                 raise ValueError(f"{ENV_VAR}: unknown item {item!r}; known keys: {sorted(known)}")
-            values[key] = int(value) if known[key] == "int" else float(value)
+            kind = known[key]
+            values[key] = int(value) if kind == "int" else value if kind == "str" else float(value)
         return cls(**values)  # type: ignore[arg-type]
 
     def hooks(self, on_state: Callable[[EngineState], None] | None) -> EngineHooks:
@@ -60,4 +69,26 @@ class FaultPlan:
             if 0 < self.request_error_after_tokens <= generated:
                 raise InjectedRequestError(f"injected error after {generated} tokens")
 
-        return EngineHooks(on_state=on_state, before_ready=before_ready, before_step=before_step)
+        return EngineHooks(
+            on_state=on_state,
+            before_ready=before_ready,
+            before_step=before_step,
+            tamper_selfcheck=self._corrupt if self.corrupt_kernel else None,
+        )
+
+    def _corrupt(self, kernel: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        if kernel != self.corrupt_kernel:
+            return inputs
+        name = next(
+            (n for n in ("scales", "weight") if n in inputs),
+            next(n for n, v in inputs.items() if isinstance(v, torch.Tensor)),
+        )
+        return {**inputs, name: wrong_layout(inputs[name])}
+
+
+def wrong_layout(t: torch.Tensor) -> torch.Tensor:
+    """The same values read in the wrong order: a 2-D tensor's transpose reinterpreted in
+    its own shape (a [K/128, N] scale table read as [N, K/128]), else reversed."""
+    if t.dim() == 2 and min(t.shape) > 1:
+        return t.t().contiguous().view(t.shape)
+    return t.flip(-1).contiguous()

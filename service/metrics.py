@@ -22,6 +22,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from nib.engine.engine import Engine
+from nib.service.gpu_metrics import GpuCollector
+from nib.service.telemetry import Telemetry
 
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -96,7 +98,12 @@ class EngineCollector(Collector):
 class Metrics:
     """Every metric the service records; one registry per server (tests run several)."""
 
-    def __init__(self, engine: Engine, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        registry: CollectorRegistry | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -157,6 +164,8 @@ class Metrics:
         )
         self.sessions = Gauge("nib_open_sessions", "Open Session streams.", registry=r)
         r.register(EngineCollector(engine))
+        # Without a telemetry thread (tests): the GPU families are declared, never sampled.
+        r.register(GpuCollector(engine, telemetry or Telemetry(engine, interval_s=0)))
         ProcessCollector(registry=r)
 
 

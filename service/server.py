@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import signal
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import grpc
@@ -23,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from nib.engine.engine import Engine, EngineConfig
 from nib.engine.hooks import EngineHooks, EngineState
+from nib.engine.versions import nib_version
 from nib.service.auth import ApiKeys, auth_interceptor
 from nib.service.convert import Limits
 from nib.service.errors import error_interceptor
@@ -30,6 +30,7 @@ from nib.service.faults import FaultPlan
 from nib.service.ledger import Ledger
 from nib.service.metrics import Metrics, MetricsServer
 from nib.service.servicer import CompletionServicer
+from nib.service.telemetry import Telemetry
 from nib.service.tls import TlsConfig
 from nib.v1 import completion_pb2, completion_pb2_grpc
 
@@ -44,10 +45,7 @@ CANCEL_WAIT_S = 10.0
 
 
 def server_version() -> str:
-    try:
-        return version("nib")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return nib_version()
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,8 @@ class ServerConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_concurrent_rpcs: int | None = 1024
     faults: FaultPlan | None = None
+    telemetry_interval_s: float = 5.0  # NVML sampling and fragmentation watch (0: off)
+    fragmentation_threshold: float = 0.3  # warn above this share of unused reserved memory
 
 
 class NibServer:
@@ -78,7 +78,10 @@ class NibServer:
             else EngineHooks(on_state=self._on_engine_state)
         )
         self.engine = Engine(config.engine, hooks)
-        self.metrics = Metrics(self.engine)
+        self.telemetry = Telemetry(
+            self.engine, config.telemetry_interval_s, config.fragmentation_threshold
+        )
+        self.metrics = Metrics(self.engine, telemetry=self.telemetry)
         limits = Limits(
             config.engine.max_tokens_limit,
             config.engine.default_max_tokens,
@@ -102,7 +105,8 @@ class NibServer:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         completion_pb2_grpc.add_CompletionServiceServicer_to_server(
-            CompletionServicer(self.engine, self.ledger, server_version()), self.server
+            CompletionServicer(self.engine, self.ledger, server_version(), self.telemetry),
+            self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -144,6 +148,7 @@ class NibServer:
         self._loop = asyncio.get_running_loop()
         await self._set_health(False)
         self.engine.start()
+        self.telemetry.start()
         await self.server.start()
         if self.config.metrics_port is not None:
             self.metrics_server = MetricsServer(
@@ -207,6 +212,7 @@ class NibServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follow
         await asyncio.to_thread(self.engine.stop)
+        await asyncio.to_thread(self.telemetry.stop)
         self.ledger.close()
         if self.metrics_server is not None:
             self.metrics_server.close()

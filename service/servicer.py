@@ -1,4 +1,5 @@
-"""The CompletionService handlers: Complete (one-shot stream), Session (bidi), GetModelInfo."""
+"""The CompletionService handlers: Complete (one-shot stream), Session (bidi), GetModelInfo,
+GetHealthDetail."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import structlog
 
 from nib.engine.engine import Engine
 from nib.engine.request import DoneEvent
-from nib.service import convert
+from nib.service import convert, health_detail
 from nib.service.auth import current_tenant
 from nib.service.ledger import Caller, CancelCause, Ledger
 from nib.service.session import End, SessionStream
+from nib.service.telemetry import Telemetry
 from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
@@ -41,10 +43,17 @@ def cancel_cause(context: grpc.aio.ServicerContext) -> CancelCause:
 
 
 class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: Engine, ledger: Ledger, server_version: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        ledger: Ledger,
+        server_version: str,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.engine = engine
         self.ledger = ledger
         self.server_version = server_version
+        self.telemetry = telemetry or Telemetry(engine, interval_s=0)
 
     async def Complete(
         self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext
@@ -114,3 +123,13 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
         return convert.model_info_to_pb(self.engine.info(), self.server_version)
+
+    async def GetHealthDetail(
+        self, request: pb.GetHealthDetailRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetHealthDetailResponse:
+        return health_detail.build(
+            self.engine,
+            self.telemetry,
+            draining=self.ledger.draining,
+            server_version=self.server_version,
+        )

@@ -109,13 +109,29 @@ class GemvLinear(nn.Module):
         self.config = config  # None: cuBLAS at every row count
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.config is not None and x.numel() == self.in_features:
-            return gemv(x, self.weight, self.bias, self.config)
-        return F.linear(x, self.weight, self.bias)
+        return gemv_linear(x, self.weight, self.bias, self.config)
+
+    def kernel(self, rows: int) -> str:
+        """The kernel an input of `rows` rows runs on."""
+        return config_label(self.config) if rows == 1 else "cublas"
 
     def extra_repr(self) -> str:
-        kernel = "cublas" if self.config is None else f"triton-gemv{self.config}"
-        return f"in={self.in_features}, out={self.out_features}, m1={kernel}"
+        return f"in={self.in_features}, out={self.out_features}, m1={self.kernel(1)}"
+
+
+def gemv_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None
+) -> torch.Tensor:
+    """GemvLinear's forward: the Triton GEMV for one row (if configured), cuBLAS otherwise."""
+    if config is not None and x.numel() == weight.shape[1]:
+        return gemv(x, weight, bias, config)
+    return F.linear(x, weight, bias)
+
+
+def config_label(config: GemvConfig | None) -> str:
+    if config is None:
+        return "cublas"
+    return f"gemv-{config.block_n}x{config.block_k}w{config.num_warps}"
 
 
 def _time_layers(fn_per_layer: list[Callable[[], object]], iters: int = 20) -> float:
@@ -162,7 +178,4 @@ def swap_in_gemv(model: nn.Module, tune: bool = True) -> dict[tuple[int, int], s
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, GemvLinear(m, choice[(m.out_features, m.in_features)]))
-    return {
-        s: ("cublas" if c is None else f"gemv-{c.block_n}x{c.block_k}w{c.num_warps}")
-        for s, c in choice.items()
-    }
+    return {s: config_label(c) for s, c in choice.items()}

@@ -58,3 +58,34 @@ def decode_attention_ref(
     v = v.repeat_interleave(group, dim=1)
     scores = (q.float() @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return (scores.softmax(-1) @ v).to(q.dtype)
+
+
+def attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """q [1, H, T, D]; query t attends to cache positions [0, positions[t]] -> [1, H, T, D]."""
+    rows = [
+        decode_attention_ref(q[:, :, t : t + 1], k_cache, v_cache, int(positions[t]) + 1)
+        for t in range(q.shape[2])
+    ]
+    return torch.cat(rows, dim=2)
+
+
+def sample_scores_ref(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, noise: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exponential race DeviceSampler runs, as (token ids by rank, score per rank):
+    the sampled token is the one with the highest score. noise[r] belongs to the token
+    of rank r (by probability, descending); tokens outside top-k / top-p score -1."""
+    probs = (logits.double() / temperature).softmax(dim=-1)
+    order = torch.argsort(probs, descending=True, stable=True)
+    ranked = probs[order]
+    mass_above = torch.cumsum(ranked, dim=0) - ranked
+    rank = torch.arange(ranked.numel(), device=logits.device)
+    keep = torch.ones_like(ranked, dtype=torch.bool)
+    if top_k > 0:
+        keep &= rank < top_k
+    if top_p < 1.0:
+        keep &= mass_above < top_p
+    scores = torch.where(keep, ranked / noise.double(), torch.full_like(ranked, -1.0))
+    return order, scores

@@ -180,6 +180,17 @@ def run(
 
 # A configuration that failed to compile or launch here -> the one used instead.
 _FALLBACK: dict[KernelConfig, KernelConfig] = {}
+# Times a kernel path failed here and the next one was tried, by "int4_<path>" of the
+# one that failed (process-wide, like _FALLBACK; read by the engine's metrics).
+FALLBACK_COUNTS: dict[str, int] = {}
+
+
+def active_config(m: int, n: int, k: int) -> tuple[KernelConfig, bool]:
+    """The configuration an [m, k] x [k, n] product runs with here, and whether it is a
+    fallback from the chosen one (which failed on this GPU)."""
+    chosen = choose(m, n, k)
+    used = _FALLBACK.get(chosen, chosen)
+    return used, used != chosen
 
 
 def _fallbacks(config: KernelConfig) -> list[KernelConfig]:
@@ -207,6 +218,8 @@ def int4_linear(
         except Exception:
             if i == len(_fallbacks(config)) - 1 or torch.cuda.is_current_stream_capturing():
                 raise
+            key = f"int4_{candidate.path}"
+            FALLBACK_COUNTS[key] = FALLBACK_COUNTS.get(key, 0) + 1
             log.warning(
                 "INT4 kernel %s failed here; trying the next path", candidate.label(), exc_info=True
             )

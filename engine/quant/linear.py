@@ -31,6 +31,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("qweight", pack(weight.codes))
         self.register_buffer("scales", weight.scales.to(torch.float16).contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
+        # The PyTorch reference even on CUDA: set on GPUs below the kernels' compute
+        # capability when --allow-reference-fallback asks for it (see engine/versions.py).
+        self.use_reference = False
 
     @classmethod
     def from_weight(
@@ -52,7 +55,7 @@ class Int4Linear(nn.Module):
         return int(self.qweight.numel() * 4 + self.scales.numel() * 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
+        if x.is_cuda and not self.use_reference:
             from nib.engine.quant.kernels import int4_linear
 
             return int4_linear(x, self.qweight, self.scales, self.bias)

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from nib.sdk import Client
+from nib.sdk.health_report import fetch_health_detail
 from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
@@ -164,6 +165,8 @@ def test_engine_death_turns_health_and_fails_requests(
     reader = threading.Thread(target=read_watch, daemon=True)
     reader.start()
     try:
+        detail = fetch_health_detail(server.address, 10)
+        assert detail.state == pb.SERVER_STATE_STARTING, detail  # warming up (3 s)
         wait_for(lambda: "SERVING" in seen, 60, "health SERVING")
         assert seen[0] == "NOT_SERVING"  # during the warm-up
         with grpc.insecure_channel(server.address) as channel:
@@ -185,6 +188,9 @@ def test_engine_death_turns_health_and_fails_requests(
                 )
             )
             assert responses[-1].done.error_code == grpc.StatusCode.UNAVAILABLE.value[0]
+        detail = fetch_health_detail(server.address, 10)
+        assert detail.state == pb.SERVER_STATE_FAILED
+        assert detail.error.startswith("InjectedCrash: injected crash after 5 tokens")
         died = [e for e in server.events() if e.get("event") == "engine thread died"]
         assert len(died) == 1 and died[0]["level"] == "critical"
         assert "InjectedCrash" in str(died[0].get("exception"))

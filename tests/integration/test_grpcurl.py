@@ -24,6 +24,7 @@ def test_list_and_describe(fast_server: ServerProcess) -> None:
     assert set(methods.stdout.split()) == {
         f"{SERVICE}.Complete",
         f"{SERVICE}.GetModelInfo",
+        f"{SERVICE}.GetHealthDetail",
         f"{SERVICE}.Session",
     }
     described = grpcurl("-plaintext", fast_server.address, "describe", SERVICE)

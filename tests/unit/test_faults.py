@@ -13,6 +13,8 @@ def test_parse() -> None:
     plan = FaultPlan.parse("warmup_delay_s=0.5, engine_crash_after_tokens=3,step_delay_s=0.01")
     assert plan == FaultPlan(warmup_delay_s=0.5, step_delay_s=0.01, engine_crash_after_tokens=3)
     assert FaultPlan.parse("") == FaultPlan()
+    assert FaultPlan.parse("corrupt_kernel=int4_linear") == FaultPlan(corrupt_kernel="int4_linear")
+    assert FaultPlan().hooks(None).tamper_selfcheck is None
     with pytest.raises(ValueError, match="unknown item 'explode=1'"):
         FaultPlan.parse("explode=1")
     with pytest.raises(ValueError, match="unknown item 'step_delay_s'"):

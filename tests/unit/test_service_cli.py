@@ -41,6 +41,13 @@ def test_bad_key_file_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixtu
         ("--max-queue", "0", "--max-queue is 0; must be at least 1"),
         ("--max-message-bytes", "10", "--max-message-bytes is 10; must be at least 1024"),
         ("--grace", "-1", "--grace is -1.0; must be at least 0"),
+        ("--telemetry-interval", "-1", "--telemetry-interval is -1.0; must be at least 0"),
+        ("--telemetry-interval", "nan", "--telemetry-interval is nan; must be a number"),
+        (
+            "--fragmentation-threshold",
+            "1.5",
+            "--fragmentation-threshold is 1.5; must be in (0, 1]",
+        ),
     ],
 )
 def test_limits_are_checked(

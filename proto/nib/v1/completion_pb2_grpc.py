@@ -50,6 +50,11 @@ class CompletionServiceStub:
                 request_serializer=nib_dot_v1_dot_completion__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=nib_dot_v1_dot_completion__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.GetHealthDetail = channel.unary_unary(
+                '/nib.v1.CompletionService/GetHealthDetail',
+                request_serializer=nib_dot_v1_dot_completion__pb2.GetHealthDetailRequest.SerializeToString,
+                response_deserializer=nib_dot_v1_dot_completion__pb2.GetHealthDetailResponse.FromString,
+                _registered_method=True)
 
 
 class CompletionServiceServicer:
@@ -88,6 +93,17 @@ class CompletionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetHealthDetail(self, request, context):
+        """GetHealthDetail says, for a person or a dashboard, how the server is doing
+        and why: the engine's state, readiness per CUDA graph, the start-up kernel
+        self-check, the kernel each layer runs, versions, the GPU's state and
+        memory health. It answers in every state: while loading, serving,
+        draining, and after the engine failed (then `error` says why).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompletionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +121,11 @@ def add_CompletionServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=nib_dot_v1_dot_completion__pb2.GetModelInfoRequest.FromString,
                     response_serializer=nib_dot_v1_dot_completion__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'GetHealthDetail': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHealthDetail,
+                    request_deserializer=nib_dot_v1_dot_completion__pb2.GetHealthDetailRequest.FromString,
+                    response_serializer=nib_dot_v1_dot_completion__pb2.GetHealthDetailResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -189,6 +210,33 @@ class CompletionService:
             '/nib.v1.CompletionService/GetModelInfo',
             nib_dot_v1_dot_completion__pb2.GetModelInfoRequest.SerializeToString,
             nib_dot_v1_dot_completion__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHealthDetail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nib.v1.CompletionService/GetHealthDetail',
+            nib_dot_v1_dot_completion__pb2.GetHealthDetailRequest.SerializeToString,
+            nib_dot_v1_dot_completion__pb2.GetHealthDetailResponse.FromString,
             options,
             channel_credentials,
             insecure,
