@@ -113,8 +113,12 @@ def make_random_model(
         return torch.randn(*shape, generator=gen) * 0.05
 
     q, kv = num_heads * head_dim, num_kv_heads * head_dim
-    embed = w(vocab_size, hidden_size)
-    embed[eos_id] = 0.0  # end-of-text gets logit 0, so greedy decoding rarely ends at once
+    # Three times the other weights: a wide spread of logits, so that the zeroed special rows
+    # below (logit 0) are also unlikely when sampling at temperature 1.
+    embed = w(vocab_size, hidden_size) * 3
+    # End-of-text and the FIM markers (which also end a completion) get logit 0, so
+    # decoding rarely ends at once; the placeholder ids after them stay random.
+    embed[256 : 256 + len(SPECIAL_TOKENS)] = 0.0
     tensors = {"model.embed_tokens.weight": embed}
     tensors["model.norm.weight"] = torch.ones(hidden_size)
     for i in range(num_layers):

@@ -66,5 +66,6 @@ def test_nib_engine_finds_the_fim_and_end_tokens(tok_dir: Path) -> None:
 
     tok = Tokenizer(tok_dir)
     assert tok.fim is not None and tok.fim.family == "qwen2.5-coder"
-    assert tok.eos_token_ids == frozenset({0})
+    # End-of-text (0), and the FIM markers (1-4), which also end a completion.
+    assert tok.eos_token_ids == frozenset({0, 1, 2, 3, 4})
     assert tok.token_id(tok.fim.file_sep or "") == 4
