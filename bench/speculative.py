@@ -21,7 +21,6 @@ import json
 import queue
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -105,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, text in PROMPTS.items():
                 run(engine, text, 8)  # warm-up
                 before = dict(engine.speculation_stats)
-                started = time.perf_counter()
                 decode_s, tokens = run(engine, text, args.new)
-                del started
                 drafted = engine.speculation_stats["drafted"] - before["drafted"]
                 accepted = engine.speculation_stats["accepted"] - before["accepted"]
                 row = {
