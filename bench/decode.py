@@ -236,6 +236,7 @@ def profile_decode_step(runner) -> dict[str, float]:  # type: ignore[no-untyped-
         end.synchronize()
         replay_us = start.elapsed_time(end) * 1e3 / 50
     return {
+        "kernels_top": breakdown,
         "kernels_per_step": len(kernels) / steps - fills,
         "kernel_sum_us": kernel_us,
         "graph_replay_us": replay_us,

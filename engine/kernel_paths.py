@@ -122,16 +122,25 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
     """The kernels of the Triton engine (tuned GEMV or cuBLAS, INT4 paths, fused glue)."""
     rows = engine_rows(runner)
     paths = []
+    head_rows = tuple(sorted({1, *runner.verify_buckets}))  # the lm_head projects these only
     for name, m in linears(model):
-        for lo, hi, kernel, fallback in row_classes(m, rows):
+        for lo, hi, kernel, fallback in row_classes(m, head_rows if name == HEAD else rows):
             graphs = _families(runner, lo, hi, head=name == HEAD)
             paths.append(KernelPath(name, "linear", _span(lo, hi), kernel, graphs, fallback))
     layers = _all_layers(model)
     multi = sorted({*runner.verify_buckets, *runner.chunk_buckets})
     paths += [
-        KernelPath(layers, "rms_norm", "any", "triton rms_norm (residual add fused)", "all"),
+        KernelPath(
+            layers,
+            "rms_norm",
+            "any",
+            "triton rms_norm (residual add fused); in the GEMV where a linear says +norm",
+            "all",
+        ),
         KernelPath(layers, "rope_cache", "any", "triton rope_cache (RoPE + KV-cache write)", "all"),
-        KernelPath(layers, "silu_mul", "any", "triton silu_mul", "all"),
+        KernelPath(
+            layers, "silu_mul", "any", "triton silu_mul; in the GEMV where a linear says +norm_glu", "all"
+        ),
         KernelPath(
             layers,
             "attention.decode",

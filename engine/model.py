@@ -4,7 +4,9 @@ Linear layers are plain `nn.Linear` so quantisation and the GPU's GEMV can swap
 them for their own modules; q/k/v and gate/up are fused into one matrix each at
 load time. The glue between the matrix products (norms, RoPE + cache write,
 SiLU·mul, attention) goes through `self.ops`: PyTorch on the CPU, fused Triton
-kernels on the GPU. The residual add is folded into the following norm.
+kernels on the GPU. The residual add is folded into the following norm, and
+on the GPU's batch-1 path the norms, SiLU·mul and residual adds fold into the
+products themselves (ops.norm_linear / norm_glu / linear_residual).
 """
 
 from __future__ import annotations
@@ -33,23 +35,24 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.cache: KVCache | None = None
 
-    def forward(
+    def heads(
         self,
-        x: torch.Tensor,
+        qkv: torch.Tensor,
         input_pos: torch.Tensor,
         kv_len: int | None,
         attend: AttentionFn,
         rope: tuple[torch.Tensor, torch.Tensor],
         ops: TorchOps,
     ) -> torch.Tensor:
+        """qkv [1, T, q+2kv] -> RoPE, cache write, attention -> [1, T, q_size] (before wo)."""
         cfg = self.cfg
         assert self.cache is not None, "call Transformer.setup_cache() first"
         q = ops.rope_cache(
-            self.wqkv(x), input_pos, rope[0], rope[1], self.cache, cfg.num_heads, cfg.num_kv_heads
+            qkv, input_pos, rope[0], rope[1], self.cache, cfg.num_heads, cfg.num_kv_heads
         )
         y = attend(q, self.cache, input_pos, kv_len)
         bsz, _, t, _ = y.shape
-        return self.wo(y.transpose(1, 2).reshape(bsz, t, cfg.q_size))
+        return y.transpose(1, 2).reshape(bsz, t, cfg.q_size)
 
 
 class FeedForward(nn.Module):
@@ -57,9 +60,6 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
-        return self.w_down(ops.silu_mul(self.w_gate_up(x)))
 
 
 class Block(nn.Module):
@@ -118,17 +118,21 @@ class Transformer(nn.Module):
         attend = attend or ops.attend
         rope = (self.rope_cos, self.rope_sin)
         residual = self.tok_embeddings(tokens)
-        x = ops.rms_norm(residual, self.layers[0].attention_norm.weight, eps)
-        for i, layer in enumerate(self.layers):
-            x = layer.attention(x, input_pos, kv_len, attend, rope, ops)
-            x = ops.add_rms_norm(x, residual, layer.ffn_norm.weight, eps)
-            x = layer.feed_forward(x, ops)
-            last = i + 1 == len(self.layers)
-            next_norm = self.norm if last else self.layers[i + 1].attention_norm
-            x = ops.add_rms_norm(x, residual, next_norm.weight, eps)
+        # `pending` is a linear's output not yet added to the residual stream: the next
+        # norm adds it (one kernel), unless the linear's kernel added it itself (None).
+        pending: torch.Tensor | None = None
+        for layer in self.layers:
+            attn, ffn = layer.attention, layer.feed_forward
+            qkv = ops.norm_linear(residual, pending, layer.attention_norm.weight, eps, attn.wqkv)
+            y = attn.heads(qkv, input_pos, kv_len, attend, rope, ops)
+            pending = ops.linear_residual(y, attn.wo, residual)
+            h = ops.norm_glu(residual, pending, layer.ffn_norm.weight, eps, ffn.w_gate_up)
+            pending = ops.linear_residual(h, ffn.w_down, residual)
         if gather_index is not None:
-            x = x.index_select(1, gather_index)
+            residual = residual.index_select(1, gather_index)
+            pending = None if pending is None else pending.index_select(1, gather_index)
         elif last_only:
-            x = x[:, -1:]
-        result: torch.Tensor = self.output(x)
+            residual = residual[:, -1:]
+            pending = None if pending is None else pending[:, -1:]
+        result: torch.Tensor = ops.norm_linear(residual, pending, self.norm.weight, eps, self.output)
         return result

@@ -1,6 +1,6 @@
 """The glue between the matrix products, behind one seam.
 
-model.py calls these five operations; `TorchOps` is the plain PyTorch reference
+model.py calls these operations; `TorchOps` is the plain PyTorch reference
 (and the CPU path), `TritonOps` runs the fused Triton kernels on the GPU. Both
 compute the same function with the same rounding points.
 """
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 if TYPE_CHECKING:
     from nib.engine.kv_cache import KVCache
@@ -75,6 +76,37 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def norm_linear(
+        self,
+        residual: torch.Tensor,
+        pending: torch.Tensor | None,
+        weight: torch.Tensor,
+        eps: float,
+        linear: nn.Module,
+    ) -> torch.Tensor:
+        """linear(rms_norm(residual) * weight), after residual += pending (in place)."""
+        if pending is None:
+            return linear(self.rms_norm(residual, weight, eps))  # type: ignore[no-any-return]
+        return linear(self.add_rms_norm(pending, residual, weight, eps))  # type: ignore[no-any-return]
+
+    def norm_glu(
+        self,
+        residual: torch.Tensor,
+        pending: torch.Tensor | None,
+        weight: torch.Tensor,
+        eps: float,
+        linear: nn.Module,
+    ) -> torch.Tensor:
+        """silu(gate) * up of the fused gate_up projection of the normalised residual."""
+        return self.silu_mul(self.norm_linear(residual, pending, weight, eps, linear))
+
+    def linear_residual(
+        self, x: torch.Tensor, linear: nn.Module, residual: torch.Tensor
+    ) -> torch.Tensor | None:
+        """linear(x), still to be added to the residual stream: returned as `pending` for
+        the next norm to add, or added here in place (then None)."""
+        return linear(x)  # type: ignore[no-any-return]
+
     attend: AttentionFn = staticmethod(eager_attention)  # type: ignore[assignment]
 
 
@@ -111,3 +143,54 @@ class TritonOps(TorchOps):
         from nib.engine.kernels.activation import silu_mul
 
         return silu_mul(gate_up)
+
+    # The batch-1 path: when the linear is a GemvLinear with a fused config for this
+    # position, one kernel does the glue and the product (kernels/gemv.py).
+
+    def norm_linear(
+        self,
+        residual: torch.Tensor,
+        pending: torch.Tensor | None,
+        weight: torch.Tensor,
+        eps: float,
+        linear: nn.Module,
+    ) -> torch.Tensor:
+        cfg = _fused_config(linear, residual, "norm") if pending is None else None
+        if cfg is None:
+            return super().norm_linear(residual, pending, weight, eps, linear)
+        from nib.engine.kernels.gemv import norm_gemv
+
+        return norm_gemv(residual, weight, eps, linear.weight, linear.bias, cfg)  # type: ignore[arg-type]
+
+    def norm_glu(
+        self,
+        residual: torch.Tensor,
+        pending: torch.Tensor | None,
+        weight: torch.Tensor,
+        eps: float,
+        linear: nn.Module,
+    ) -> torch.Tensor:
+        cfg = _fused_config(linear, residual, "norm_glu") if pending is None else None
+        if cfg is None:
+            return super().norm_glu(residual, pending, weight, eps, linear)
+        from nib.engine.kernels.gemv import norm_gemv
+
+        return norm_gemv(residual, weight, eps, linear.weight, None, cfg, glu=True)  # type: ignore[arg-type]
+
+    def linear_residual(
+        self, x: torch.Tensor, linear: nn.Module, residual: torch.Tensor
+    ) -> torch.Tensor | None:
+        cfg = _fused_config(linear, x, "residual")
+        if cfg is None or residual.numel() != linear.out_features:  # type: ignore[operator]
+            return super().linear_residual(x, linear, residual)
+        from nib.engine.kernels.gemv import gemv_residual
+
+        gemv_residual(x, linear.weight, linear.bias, residual, cfg)  # type: ignore[arg-type]
+        return None
+
+
+def _fused_config(linear: nn.Module, x: torch.Tensor, fusion: str) -> object | None:
+    """The fused kernel's tile config if `linear` fuses `fusion` and x is one row."""
+    if getattr(linear, "fusion", "") != fusion or x.numel() != linear.in_features:  # type: ignore[operator]
+        return None
+    return getattr(linear, "fused", None)

@@ -216,6 +216,8 @@ class CaseBuilder:
                 path,
             )
         weight = module.weight.detach()
+        if is_gemv(module) and t == 1 and getattr(module, "fused", None) is not None:
+            return self._fused_gemv_case(module, shape, x_seed, path)
 
         def inputs() -> Inputs:
             x = _randn(_gen(self.device, x_seed), 1, t, in_f, dtype=self.dtype)
@@ -233,6 +235,50 @@ class CaseBuilder:
             return F.linear(i["x"], i["weight"], i["bias"])
 
         return Case("linear", shape, inputs, run, reference, self.tol, path)
+
+    def _fused_gemv_case(
+        self, module: nn.Module, shape: str, x_seed: int, path: Callable[[], str]
+    ) -> Case:
+        """The batch-1 GEMV with its fused glue (kernels/gemv.py), against the unfused
+        sequence in fp32: norm -> linear (-> SiLU·mul), or linear -> residual add."""
+        from nib.engine.kernels import gemv
+
+        fusion, cfg = module.fusion, module.fused
+        weight = module.weight.detach()
+        bias = module.bias.detach() if module.bias is not None else None
+        out_f, in_f = weight.shape
+        eps = 1e-6
+
+        def inputs() -> Inputs:
+            g = _gen(self.device, x_seed)
+            return {
+                "x": _randn(g, 1, 1, in_f, dtype=self.dtype, scale=3.0),
+                "norm_weight": _randn(g, in_f, dtype=self.dtype, scale=0.1) + 1,
+                "residual": _randn(g, 1, 1, out_f, dtype=self.dtype),
+            }
+
+        def run(i: Inputs) -> Outputs:
+            if fusion == "residual":
+                r = i["residual"].clone()
+                gemv.gemv_residual(i["x"], weight, bias, r, cfg)
+                return r
+            glu = fusion == "norm_glu"
+            return gemv.norm_gemv(i["x"], i["norm_weight"], eps, weight, bias, cfg, glu=glu)
+
+        def reference(i: Inputs) -> Outputs:
+            x = i["x"].float()
+            if fusion != "residual":
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * i["norm_weight"].float()
+            out = x @ weight.float().t()
+            out = out if bias is None else out + bias.float()
+            if fusion == "residual":
+                return i["residual"].float() + out
+            if fusion == "norm_glu":
+                gate, up = out.chunk(2, dim=-1)
+                return F.silu(gate) * up
+            return out
+
+        return Case(f"linear+{fusion}", shape, inputs, run, reference, self.tol, path)
 
     def _dequantized(self, module: Int4Linear) -> torch.Tensor:
         """The fp32 weight of the module whose cases run now (one at a time: a 7B lm_head

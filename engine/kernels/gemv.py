@@ -4,8 +4,16 @@ cuBLAS reaches only ~1.2-2.5 TB/s on the small and mid-sized layers of a 1.5B
 or 7B model at M = 1 (see ../shared H200 facts): too little for a decode step
 that should run at the copy bandwidth. This kernel streams W once, rows split
 across programs, fp32 accumulation. Which tile shape wins depends on the
-layer, so `GemvLinear` picks per shape at start-up by timing (tune_gemv), and
-keeps cuBLAS where cuBLAS is faster.
+layer, so `swap_in_gemv` picks per shape at start-up by timing, and keeps
+cuBLAS where cuBLAS is faster.
+
+At batch 1 the glue around a product costs as much as moving its bytes (a
+launch and a gap of ~2 µs each, 4-5 per layer), so the kernel also folds it
+in: the RMSNorm before the product (each program sums the squares of the
+few-KB input itself), the residual add after it (in place), and SiLU·mul
+between gate_up and down (one program owns gate row j and up row j). A
+decoder layer is then six launches: qkv+norm, RoPE+cache write, attention,
+o_proj+residual, gate_up+norm+SiLU·mul, down+residual.
 
 Napkin math (Qwen2.5-1.5B gate_up, 1536 -> 17920): 55 MB of bf16 weights; at
 4.28 TB/s that is 12.9 µs (cuBLAS measured 17.4 µs).
@@ -38,81 +46,181 @@ CANDIDATES = (
     GemvConfig(16, 256, 8),
     GemvConfig(2, 1024, 4),
     GemvConfig(4, 1024, 8),
+    GemvConfig(4, 2048, 8),
+    GemvConfig(8, 1024, 8),
+    GemvConfig(2, 2048, 4),
+    GemvConfig(1, 4096, 8),
 )
+
+
+EPI_NONE, EPI_RESIDUAL, EPI_GLU = 0, 1, 2
 
 
 @triton.jit
 def _gemv_kernel(
-    X,
-    W,
-    B,
-    Y,
-    N,
-    stride_w,
-    K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    X, W, B, Y, NW,
+    N, stride_w, eps,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y = W x (+ b), one program per BLOCK_N output rows, fp32 accumulation.
+
+    NORM: x is the residual stream h and the input is rms_norm(h) * NW, rounded where
+    the reference rounds (each program sums h² itself: h is a few KB, from L2).
+    EPILOGUE 1 (residual): Y is the residual stream and Y[rows] += round(W x) in place.
+    EPILOGUE 2 (GLU): W holds [gate; up] (2N rows); y = round(silu(round(gate))) * round(up).
+    """
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
+    dtype = X.dtype.element_ty
+    if NORM:
+        sq = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            h = tl.load(X + cols, mask=cols < K, other=0.0).to(tl.float32)
+            sq += h * h
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    if EPILOGUE == 2:
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        w = tl.load(
-            W + rows[:, None] * stride_w + cols[None, :],
-            mask=row_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
+        offs = rows[:, None] * stride_w + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(W + offs, mask=mask, other=0.0)
+        if EPILOGUE == 2:
+            w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
         x = tl.load(X + cols, mask=col_ok, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        if NORM:
+            nw = tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+            x = (nw * (x.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
+        xf = x.to(tl.float32)[None, :]
+        acc += w.to(tl.float32) * xf
+        if EPILOGUE == 2:
+            acc_up += w_up.to(tl.float32) * xf
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if EPILOGUE == 1:
+        r = tl.load(Y + rows, mask=row_ok, other=0.0).to(tl.float32)
+        y = r + y.to(dtype).to(tl.float32)
+    if EPILOGUE == 2:
+        g = y.to(dtype).to(tl.float32)
+        u = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+        y = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * u
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    n: int,
+    cfg: GemvConfig,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    epilogue: int = EPI_NONE,
+) -> None:
+    k = weight.shape[1]
+    if x.numel() != k or weight.stride(1) != 1:
+        raise ValueError(f"gemv: x must hold one row of {k} and weight must be row-major")
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x.reshape(k), weight, bias if bias is not None else weight, out,
+        norm_weight if norm_weight is not None else weight,
+        n, weight.stride(0), eps,
+        K=k, HAS_BIAS=bias is not None, NORM=norm_weight is not None, EPILOGUE=epilogue,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+    )  # fmt: skip
 
 
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
-    n, k = weight.shape
-    if x.numel() != k or weight.stride(1) != 1:
-        raise ValueError(f"gemv: x must hold one row of {k} and weight must be row-major")
-    xv = x.reshape(k)
+    n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        xv,
-        weight,
-        bias if bias is not None else weight,
-        y,
-        n,
-        weight.stride(0),
-        K=k,
-        HAS_BIAS=bias is not None,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-    )
+    _launch(x, weight, bias, y, n, cfg)
     return y.view(*x.shape[:-1], n)
 
 
-class GemvLinear(nn.Module):
-    """nn.Linear's drop-in for the GPU: the Triton GEMV at one row, cuBLAS otherwise."""
+def norm_gemv(
+    h: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: GemvConfig,
+    glu: bool = False,
+) -> torch.Tensor:
+    """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
+    silu(gate) * up. h [..., K] holds one row."""
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
+    if glu and bias is not None:
+        raise ValueError("norm_gemv: the GLU epilogue takes no bias")
+    y = torch.empty(n, dtype=h.dtype, device=h.device)
+    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, EPI_GLU if glu else EPI_NONE)
+    return y.view(*h.shape[:-1], n)
 
-    def __init__(self, linear: nn.Linear, config: GemvConfig | None) -> None:
+
+def gemv_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    cfg: GemvConfig,
+) -> None:
+    """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
+    if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
+        raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
+    _launch(x, weight, bias, residual, weight.shape[0], cfg, epilogue=EPI_RESIDUAL)
+
+
+# What each linear of a decoder block fuses on the batch-1 path (model.py's order).
+FUSIONS = {
+    "attention.wqkv": "norm",
+    "attention.wo": "residual",
+    "feed_forward.w_gate_up": "norm_glu",
+    "feed_forward.w_down": "residual",
+    "output": "norm",
+}
+
+
+def fusion_of(name: str) -> str:
+    return next((f for suffix, f in FUSIONS.items() if name.endswith(suffix)), "")
+
+
+class GemvLinear(nn.Module):
+    """nn.Linear's drop-in for the GPU: the Triton GEMV at one row, cuBLAS otherwise.
+
+    `fusion` names what the batch-1 path folds into the product (ops.py calls
+    the fused entry points): "norm" (the RMSNorm before it), "residual" (the
+    residual add after it), "norm_glu" (both the norm and SiLU·mul), or "".
+    `fused` is the tile config for that fused kernel (None: no fusion)."""
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        config: GemvConfig | None,
+        fusion: str = "",
+        fused: GemvConfig | None = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
         self.config = config  # None: cuBLAS at every row count
+        self.fusion = fusion if fused is not None else ""
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gemv_linear(x, self.weight, self.bias, self.config)
 
     def kernel(self, rows: int) -> str:
         """The kernel an input of `rows` rows runs on."""
+        if rows == 1 and self.fused is not None:
+            return f"{config_label(self.fused)} +{self.fusion}"
         return config_label(self.config) if rows == 1 else "cublas"
 
     def extra_repr(self) -> str:
@@ -150,32 +258,68 @@ def _time_layers(fn_per_layer: list[Callable[[], object]], iters: int = 20) -> f
     return sorted(times)[len(times) // 2]
 
 
-def swap_in_gemv(model: nn.Module, tune: bool = True) -> dict[tuple[int, int], str]:
+def _fused_call(
+    fusion: str, m: nn.Linear, cfg: GemvConfig, x: torch.Tensor, scratch: torch.Tensor
+) -> Callable[[], object]:
+    if fusion == "residual":
+        return partial(gemv_residual, x, m.weight, m.bias, scratch, cfg)
+    norm_weight = torch.ones_like(x).view(-1)
+    return partial(norm_gemv, x, norm_weight, 1e-6, m.weight, m.bias, cfg, fusion == "norm_glu")
+
+
+def swap_in_gemv(
+    model: nn.Module, tune: bool = True, fuse: bool = True
+) -> dict[tuple[int, int], str]:
     """Replace every nn.Linear by GemvLinear, choosing per (out, in) shape the fastest
-    of cuBLAS and the candidate tile configs by timing all layers of that shape.
+    of cuBLAS and the candidate tile configs by timing all layers of that shape, and
+    (fuse) per (shape, fusion) the fastest tile config of the fused kernel.
     Returns {(out, in): chosen kernel name}."""
     linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     by_shape: dict[tuple[int, int], list[tuple[str, nn.Linear]]] = {}
     for name, m in linears:
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))
     choice: dict[tuple[int, int], GemvConfig | None] = {}
+    fused: dict[tuple[int, int, str], GemvConfig] = {}
+    fused_only: set[tuple[int, int]] = set()
     for shape, mods in by_shape.items():
         device, dtype = mods[0][1].weight.device, mods[0][1].weight.dtype
         x = torch.randn(1, 1, shape[1], device=device, dtype=dtype)
+        fusions = {fusion_of(name) for name, _ in mods} - {""} if fuse else set()
         if not tune:
             choice[shape] = CANDIDATES[0]
+            fused.update({(*shape, f): CANDIDATES[0] for f in fusions})
             continue
-        best: tuple[float, GemvConfig | None] = (
-            _time_layers([partial(F.linear, x, m.weight, m.bias) for _, m in mods]),
-            None,
-        )
-        for cfg in CANDIDATES:
-            t = _time_layers([partial(gemv, x, m.weight, m.bias, cfg) for _, m in mods])
-            if t < best[0]:
-                best = (t, cfg)
-        choice[shape] = best[1]
+        if fusions and all(fusion_of(name) for name, _ in mods):
+            fused_only.add(shape)
+        else:
+            best: tuple[float, GemvConfig | None] = (
+                _time_layers([partial(F.linear, x, m.weight, m.bias) for _, m in mods]),
+                None,
+            )
+            for cfg in CANDIDATES:
+                t = _time_layers([partial(gemv, x, m.weight, m.bias, cfg) for _, m in mods])
+                if t < best[0]:
+                    best = (t, cfg)
+            choice[shape] = best[1]
+        for fusion in fusions:
+            group = [m for name, m in mods if fusion_of(name) == fusion]
+            scratch = torch.zeros(shape[0], device=device, dtype=dtype)
+            timed = [
+                (_time_layers([_fused_call(fusion, m, cfg, x, scratch) for m in group]), i)
+                for i, cfg in enumerate(CANDIDATES)
+            ]
+            fused[(*shape, fusion)] = CANDIDATES[min(timed)[1]]
+    labels: dict[tuple[int, int], str] = {}
     for name, m in linears:
+        shape = (m.out_features, m.in_features)
+        fusion = fusion_of(name) if fuse else ""
+        fused_cfg = fused.get((*shape, fusion))
+        # A shape whose every layer fuses runs the plain kernel only off the fast path
+        # (never at one row in practice): it takes the fused kernel's tiles untimed.
+        plain = fused_cfg if shape in fused_only else choice[shape]
+        module = GemvLinear(m, plain, fusion, fused_cfg)
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, GemvLinear(m, choice[(m.out_features, m.in_features)]))
-    return {s: config_label(c) for s, c in choice.items()}
+        setattr(parent, attr, module)
+        labels[shape] = module.kernel(1)
+    return labels

@@ -6,6 +6,8 @@ sets TRITON_INTERPRET=1); tests/gpu runs the same comparisons compiled.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -14,13 +16,14 @@ triton = pytest.importorskip("triton")
 from nib.engine.kernels import reference as ref  # noqa: E402
 from nib.engine.kernels.activation import silu_mul  # noqa: E402
 from nib.engine.kernels.decode_attention import DecodeAttention  # noqa: E402
-from nib.engine.kernels.gemv import CANDIDATES, gemv  # noqa: E402
+from nib.engine.kernels.gemv import CANDIDATES, gemv, gemv_residual, norm_gemv  # noqa: E402
 from nib.engine.kernels.norm import add_rms_norm, rms_norm  # noqa: E402
 from nib.engine.kernels.rope_cache import rope_cache  # noqa: E402
 from nib.engine.kernels.sampling import exp_noise  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
@@ -125,6 +128,35 @@ def test_gemv(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
     expected = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     for cfg in CANDIDATES[:3]:
         assert rel_err(gemv(x, w, b, cfg), expected) < tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(100, 256), (384, 640), (7, 1024)])
+def test_fused_gemv_prologue_and_epilogues(dtype: torch.dtype, n: int, k: int) -> None:
+    """The batch-1 fusions against the unfused reference sequence: norm -> linear,
+    norm -> gate_up -> SiLU·mul, linear -> residual add (in place, every row written)."""
+    w = torch.randn(2 * n, k, dtype=dtype, device=DEVICE) / k**0.5
+    b = torch.randn(2 * n, dtype=dtype, device=DEVICE)
+    h = 3 * torch.randn(1, 1, k, dtype=dtype, device=DEVICE)
+    nw = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
+    normed = ref.rms_norm_ref(h, nw, 1e-6)
+    for cfg in (CANDIDATES[0], CANDIDATES[-1]):
+        got = norm_gemv(h, nw, 1e-6, w, b, cfg)
+        expected = torch.nn.functional.linear(normed.double(), w.double(), b.double())
+        assert got.shape == (1, 1, 2 * n) and rel_err(got, expected) < tol(dtype)
+        glu = norm_gemv(h, nw, 1e-6, w, None, cfg, glu=True)
+        gate_up = torch.nn.functional.linear(normed, w)
+        # Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest): four
+        # roundings in a row drift ~1% there, so the CPU run allows that much.
+        glu_tol = 5e-2 if dtype is torch.bfloat16 and INTERPRETED else tol(dtype)
+        assert glu.shape == (1, 1, n) and rel_err(glu, ref.silu_mul_ref(gate_up)) < glu_tol
+        residual = torch.randn(1, 1, 2 * n, dtype=dtype, device=DEVICE)
+        before = residual.clone()
+        gemv_residual(h, w, b, residual, cfg)
+        expected = before.double() + torch.nn.functional.linear(h.double(), w.double(), b.double())
+        assert rel_err(residual, expected) < tol(dtype)
+    with pytest.raises(ValueError, match="GLU"):
+        norm_gemv(h, nw, 1e-6, w, b, CANDIDATES[0], glu=True)
 
 
 def test_exp_noise_is_seeded_and_exponential() -> None:

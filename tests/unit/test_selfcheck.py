@@ -61,15 +61,23 @@ def test_every_kernel_path_agrees_with_its_reference(cases: list[Case]) -> None:
         "rope_cache",
         "silu_mul",
         "linear",
+        "linear+norm",
+        "linear+residual",
+        "linear+norm_glu",
         "decode_attention",
         "prefill_attention",
         "exp_noise",
         "sampling",
     }
-    linear = [c for c in report.checks if c.kernel == "linear"]
+    linear = [c for c in report.checks if c.kernel.startswith("linear")]
     # Each of the five shapes (qkv with bias, o, gate_up, down, lm_head) at one row (the
-    # GEMV) and at several (cuBLAS).
-    assert {c.path for c in linear} == {"gemv-4x512w4", "cublas"}
+    # GEMV with its glue folded in) and at several (cuBLAS).
+    assert {c.path for c in linear} == {
+        "gemv-4x512w4 +norm",
+        "gemv-4x512w4 +residual",
+        "gemv-4x512w4 +norm_glu",
+        "cublas",
+    }
     assert len({c.shape.split(" (")[0].split(" ", 1)[1] for c in linear}) == 5
     assert all(c.error <= c.tolerance for c in report.checks)
     assert "passed" in report.summary()
