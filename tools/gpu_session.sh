@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops]
+#   bash tools/gpu_session.sh [tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
+# stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
 # network: missing wheels travel in .whl/ (README, "GPU runs"). BUDGET_S caps the call.
 set -uo pipefail
@@ -46,6 +47,7 @@ for step in ${*:-tests int4 typing decode}; do
     wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
     speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;
+    stability) run stability 300 python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b ;;
     ops) TAIL=40 run ops 300 python3 -m pytest -p no:cacheprovider -q -rs -s \
            tests/gpu/test_selfcheck_gpu.py tests/gpu/test_ops_server_gpu.py --junitxml="$LOGS/ops-tests.xml" ;;
     *) echo "unknown step $step" ;;

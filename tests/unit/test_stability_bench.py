@@ -1,0 +1,94 @@
+"""bench/stability.py: a small CPU run on the shipped model passes and its counts add up,
+and the pass rule fails a row for each defect the issue names."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def stability() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("stability", ROOT / "bench" / "stability.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stability"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_small_cpu_run_passes_and_accounts_for_every_request(
+    stability: ModuleType, tmp_path: Path
+) -> None:
+    argv = ["--device", "cpu", "--steps", "64", "--requests", "20", "--max-new", "8"]
+    rc = stability.main([*argv, "--warmup", "4", "--out", str(tmp_path)])
+    (path,) = tmp_path.glob("*-stability.json")
+    result = json.loads(path.read_text())
+    assert result["command"].startswith("python3 bench/stability.py --device cpu")
+    (row,) = result["rows"]
+    assert row["passed"] and rc == 0, row["failures"]
+    assert row["decode_steps"] == 64
+    assert row["requests"] == 20
+    ended = row["completed"] + row["cancelled"] + row["superseded"] + row["errors"]
+    assert ended + row["lost"] == 20
+    assert row["lost"] == row["duplicated"] == row["errors"] == 0
+    assert row["planned"].get("cancel", 0) + row["planned"].get("supersede", 0) > 0
+    assert row["cancelled"] + row["superseded"] > 0, "no request was interrupted"
+    assert row["same_output_fixed_seed"] is True
+    assert row["graph_fallbacks"] == 0
+    assert row["memory_allocated_start"] is None and row["memory_reserved_end"] is None
+
+
+def passing_row() -> dict[str, Any]:
+    return {
+        "graph_fallbacks": 0,
+        "graphs_not_captured": [],
+        "graphs_captured": 40,
+        "lost": 0,
+        "other_lost": 0,
+        "duplicated": 0,
+        "other_duplicated": 0,
+        "errors": 0,
+        "other_errors": 0,
+        "refused": [],
+        "requests": 1000,
+        "requests_planned": 1000,
+        "decode_steps": 10_000,
+        "decode_steps_planned": 10_000,
+        "same_output_fixed_seed": True,
+        "memory_allocated_start": 3 << 30,
+        "memory_allocated_end": (3 << 30) + (64 << 20),  # 64 MiB more, all of it stashes
+        "prefix_stash_bytes_start": 0,
+        "prefix_stash_bytes_end": 64 << 20,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"graph_fallbacks": 1}, "graph fallbacks"),
+        ({"graphs_not_captured": ["decode-greedy-0"]}, "not captured"),
+        ({"graphs_captured": 0}, "no CUDA graph"),
+        ({"lost": 1}, "never ended"),
+        ({"other_duplicated": 1}, "after their DoneEvent"),
+        ({"errors": 2}, "failed"),
+        ({"requests": 990}, "990 of 1000"),
+        ({"decode_steps": 9000}, "decoded 9000"),
+        ({"same_output_fixed_seed": False}, "changed their tokens"),
+        ({"memory_allocated_end": (3 << 30) + (66 << 20)}, "grew by 2097152 bytes"),
+    ],
+)
+def test_pass_rule_fails_each_defect(
+    stability: ModuleType, change: dict[str, Any], reason: str
+) -> None:
+    assert stability.failures(passing_row(), cuda=True) == []
+    why = stability.failures({**passing_row(), **change}, cuda=True)
+    assert len(why) == 1 and reason in why[0], why
