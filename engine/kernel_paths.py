@@ -139,7 +139,11 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
         ),
         KernelPath(layers, "rope_cache", "any", "triton rope_cache (RoPE + KV-cache write)", "all"),
         KernelPath(
-            layers, "silu_mul", "any", "triton silu_mul; in the GEMV where a linear says +norm_glu", "all"
+            layers,
+            "silu_mul",
+            "any",
+            "triton silu_mul; in the GEMV where a linear says +norm_glu",
+            "all",
         ),
         KernelPath(
             layers,

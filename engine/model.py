@@ -134,5 +134,7 @@ class Transformer(nn.Module):
         elif last_only:
             residual = residual[:, -1:]
             pending = None if pending is None else pending[:, -1:]
-        result: torch.Tensor = ops.norm_linear(residual, pending, self.norm.weight, eps, self.output)
+        result: torch.Tensor = ops.norm_linear(
+            residual, pending, self.norm.weight, eps, self.output
+        )
         return result

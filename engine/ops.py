@@ -2,7 +2,9 @@
 
 model.py calls these operations; `TorchOps` is the plain PyTorch reference
 (and the CPU path), `TritonOps` runs the fused Triton kernels on the GPU. Both
-compute the same function with the same rounding points.
+compute the same function with the same rounding points, except the batch-1
+GEMV with the norm folded in, which scales the product by 1/rms at the end
+instead of rounding the normalised input to 16 bits first (kernels/gemv.py).
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ class TritonOps(TorchOps):
             return super().norm_linear(residual, pending, weight, eps, linear)
         from nib.engine.kernels.gemv import norm_gemv
 
-        return norm_gemv(residual, weight, eps, linear.weight, linear.bias, cfg)  # type: ignore[arg-type]
+        return norm_gemv(  # type: ignore[arg-type]
+            residual, weight, eps, linear.weight, linear.bias, cfg, buffers=linear.fused_buffers
+        )
 
     def norm_glu(
         self,
@@ -175,7 +179,9 @@ class TritonOps(TorchOps):
             return super().norm_glu(residual, pending, weight, eps, linear)
         from nib.engine.kernels.gemv import norm_gemv
 
-        return norm_gemv(residual, weight, eps, linear.weight, None, cfg, glu=True)  # type: ignore[arg-type]
+        return norm_gemv(  # type: ignore[arg-type]
+            residual, weight, eps, linear.weight, None, cfg, True, linear.fused_buffers
+        )
 
     def linear_residual(
         self, x: torch.Tensor, linear: nn.Module, residual: torch.Tensor
@@ -185,7 +191,7 @@ class TritonOps(TorchOps):
             return super().linear_residual(x, linear, residual)
         from nib.engine.kernels.gemv import gemv_residual
 
-        gemv_residual(x, linear.weight, linear.bias, residual, cfg)  # type: ignore[arg-type]
+        gemv_residual(x, linear.weight, linear.bias, residual, cfg, linear.fused_buffers)  # type: ignore[arg-type]
         return None
 
 

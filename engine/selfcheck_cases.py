@@ -231,7 +231,7 @@ class CaseBuilder:
             if is_gemv(module):
                 from nib.engine.kernels.gemv import gemv_linear
 
-                return gemv_linear(i["x"], i["weight"], i["bias"], module.config)  # type: ignore[arg-type]
+                return gemv_linear(i["x"], i["weight"], i["bias"], module.config, module.buffers)  # type: ignore[arg-type]
             return F.linear(i["x"], i["weight"], i["bias"])
 
         return Case("linear", shape, inputs, run, reference, self.tol, path)
@@ -243,7 +243,7 @@ class CaseBuilder:
         sequence in fp32: norm -> linear (-> SiLU·mul), or linear -> residual add."""
         from nib.engine.kernels import gemv
 
-        fusion, cfg = module.fusion, module.fused
+        fusion, cfg, buffers = module.fusion, module.fused, module.fused_buffers
         weight = module.weight.detach()
         bias = module.bias.detach() if module.bias is not None else None
         out_f, in_f = weight.shape
@@ -260,15 +260,19 @@ class CaseBuilder:
         def run(i: Inputs) -> Outputs:
             if fusion == "residual":
                 r = i["residual"].clone()
-                gemv.gemv_residual(i["x"], weight, bias, r, cfg)
+                gemv.gemv_residual(i["x"], weight, bias, r, cfg, buffers)
                 return r
             glu = fusion == "norm_glu"
-            return gemv.norm_gemv(i["x"], i["norm_weight"], eps, weight, bias, cfg, glu=glu)
+            return gemv.norm_gemv(i["x"], i["norm_weight"], eps, weight, bias, cfg, glu, buffers)
 
         def reference(i: Inputs) -> Outputs:
             x = i["x"].float()
             if fusion != "residual":
-                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * i["norm_weight"].float()
+                x = (
+                    x
+                    * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                    * i["norm_weight"].float()
+                )
             out = x @ weight.float().t()
             out = out if bias is None else out + bias.float()
             if fusion == "residual":

@@ -37,7 +37,7 @@ run() {
 }
 for step in ${*:-tests int4 typing decode}; do
   case $step in
-    tests) TAIL=6 run tests 200 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
+    tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
            grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | cut -c1-160 | head -20 ;;
     int4) run int4 160 python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;

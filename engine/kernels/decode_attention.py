@@ -8,8 +8,9 @@ length, not with max_context.
 
 One program per (KV head, split of CHUNK positions, query token). It loads
 its K and V tiles at once (one trip to memory, not one per block), then serves
-every query head of that KV head from registers (GQA reads K/V once), and
-writes a partial output with its running max and sum per query head. The
+every query head of that KV head (GQA reads K/V once: 1-D dot products for a
+single head, an fp32 [16, D] tile for a group), and writes a partial output
+with its running max and sum per query head. The
 last program of a (KV head, token) to finish, counted by an atomic, merges
 the partials and resets the counter: one kernel per layer, graph-safe.
 Splits that start past L return at once and are not counted.
@@ -37,6 +38,7 @@ def _decode_attention_kernel(
     S, sm_scale,
     H: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     CHUNK: tl.constexpr, SPLITS: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+    GP: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     split = tl.program_id(1)
@@ -52,17 +54,36 @@ def _decode_attention_kernel(
         kv_offs = base + n[:, None] * D + d[None, :]
         k = tl.load(K + kv_offs, mask=n_ok[:, None], other=0.0)
         v = tl.load(V + kv_offs, mask=n_ok[:, None], other=0.0)
-        for g in tl.static_range(GROUP):
-            h = kvh * GROUP + g
-            q = tl.load(Q + (h * T + t) * D + d).to(tl.float32) * sm_scale
+        if GROUP == 1:
+            # One query head: 1-D dot products per key (a padded tensor-core tile would
+            # be 15/16 waste).
+            q = tl.load(Q + (kvh * T + t) * D + d).to(tl.float32) * sm_scale
             s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
             s = tl.where(n_ok, s, float("-inf"))
             m = tl.max(s, axis=0)
             p = tl.exp(s - m)
-            row = (t * H + h) * SPLITS + split
+            row = (t * H + kvh) * SPLITS + split
             tl.store(O_PART + row * D + d, tl.sum(p[:, None] * v.to(tl.float32), axis=0))
             tl.store(ML_PART + row * 2, m)
             tl.store(ML_PART + row * 2 + 1, tl.sum(p, axis=0))
+        else:
+            # The group's query heads as one [GP, D] tile against K/V: exact fp32 dot
+            # products (FMA, not tensor cores: tiles this small are latency-bound, and
+            # P stays in fp32 for the PV product).
+            g = tl.arange(0, GP)
+            g_ok = g < GROUP
+            h = kvh * GROUP + g
+            q = tl.load(Q + (h[:, None] * T + t) * D + d[None, :], mask=g_ok[:, None], other=0.0)
+            kf = k.to(tl.float32)
+            s = tl.dot(q.to(tl.float32), tl.trans(kf), input_precision="ieee")
+            s = tl.where(n_ok[None, :], s * sm_scale, float("-inf"))
+            m = tl.max(s, axis=1)
+            p = tl.exp(s - m[:, None])
+            o = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            rows = (t * H + h) * SPLITS + split
+            tl.store(O_PART + rows[:, None] * D + d[None, :], o, mask=g_ok[:, None])
+            tl.store(ML_PART + rows * 2, m, mask=g_ok)
+            tl.store(ML_PART + rows * 2 + 1, tl.sum(p, axis=1), mask=g_ok)
         # Every thread's partial stores happen before the (release) atomic.
         tl.debug_barrier()
         used = (length + CHUNK - 1) // CHUNK
@@ -75,7 +96,9 @@ def _decode_attention_kernel(
                 m_run = tl.max(tl.full((MERGE_BLOCK,), float("-inf"), tl.float32), axis=0)
                 l_run = tl.sum(tl.zeros((MERGE_BLOCK,), tl.float32), axis=0)
                 acc = tl.zeros((D,), tl.float32)
-                for s0 in range(0, SPLITS, MERGE_BLOCK):  # static bound; splits past `used` are masked
+                for s0 in range(
+                    0, SPLITS, MERGE_BLOCK
+                ):  # static bound; splits past `used` are masked
                     sp = s0 + sb
                     ok = sp < used
                     m_p = tl.load(
@@ -111,9 +134,11 @@ class DecodeAttention:
         head_dim: int,
         max_context: int,
         device: torch.device,
-        chunk: int = 64,
+        chunk: int | None = None,
         max_queries: int = 1,
     ) -> None:
+        # Few KV heads (GQA): shorter splits, so that more programs share the sequence.
+        chunk = chunk or (64 if num_kv_heads >= 8 else 32)
         if head_dim & (head_dim - 1) or chunk & (chunk - 1):
             raise ValueError(
                 f"decode attention: head_dim {head_dim} and chunk {chunk} must be powers of two"
@@ -147,6 +172,8 @@ class DecodeAttention:
             q, k_cache, v_cache, positions, self.o_part, self.ml_part, self.lock, out,
             k_cache.shape[2], self.sm_scale,
             H=self.num_heads, KVH=self.num_kv_heads, GROUP=self.group, D=self.head_dim,
-            CHUNK=self.chunk, SPLITS=self.splits, MERGE_BLOCK=self.merge_block, num_warps=4,
+            CHUNK=self.chunk, SPLITS=self.splits, MERGE_BLOCK=self.merge_block,
+            GP=max(16, triton.next_power_of_2(self.group)),
+            num_warps=4,
         )  # fmt: skip
         return out

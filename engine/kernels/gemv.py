@@ -37,6 +37,7 @@ class GemvConfig:
     block_n: int
     block_k: int
     num_warps: int
+    split_k: int = 1
 
 
 CANDIDATES = (
@@ -50,6 +51,11 @@ CANDIDATES = (
     GemvConfig(8, 1024, 8),
     GemvConfig(2, 2048, 4),
     GemvConfig(1, 4096, 8),
+    # Few output rows over a long K (a 7B o_proj, a 1.5B down_proj): more programs.
+    GemvConfig(4, 512, 4, 2),
+    GemvConfig(4, 512, 4, 4),
+    GemvConfig(8, 512, 4, 4),
+    GemvConfig(4, 1024, 8, 8),
 )
 
 
@@ -57,49 +63,7 @@ EPI_NONE, EPI_RESIDUAL, EPI_GLU = 0, 1, 2
 
 
 @triton.jit
-def _gemv_kernel(
-    X, W, B, Y, NW,
-    N, stride_w, eps,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """y = W x (+ b), one program per BLOCK_N output rows, fp32 accumulation.
-
-    NORM: x is the residual stream h and the input is rms_norm(h) * NW, rounded where
-    the reference rounds (each program sums h² itself: h is a few KB, from L2).
-    EPILOGUE 1 (residual): Y is the residual stream and Y[rows] += round(W x) in place.
-    EPILOGUE 2 (GLU): W holds [gate; up] (2N rows); y = round(silu(round(gate))) * round(up).
-    """
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    dtype = X.dtype.element_ty
-    if NORM:
-        sq = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            h = tl.load(X + cols, mask=cols < K, other=0.0).to(tl.float32)
-            sq += h * h
-        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    if EPILOGUE == 2:
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        offs = rows[:, None] * stride_w + cols[None, :]
-        mask = row_ok[:, None] & col_ok[None, :]
-        w = tl.load(W + offs, mask=mask, other=0.0)
-        if EPILOGUE == 2:
-            w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
-        x = tl.load(X + cols, mask=col_ok, other=0.0)
-        if NORM:
-            nw = tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
-            x = (nw * (x.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
-        xf = x.to(tl.float32)[None, :]
-        acc += w.to(tl.float32) * xf
-        if EPILOGUE == 2:
-            acc_up += w_up.to(tl.float32) * xf
-    y = tl.sum(acc, axis=1)
+def _epilogue(y, y_up, rows, row_ok, B, Y, dtype, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr):
     if HAS_BIAS:
         y += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
     if EPILOGUE == 1:
@@ -107,9 +71,107 @@ def _gemv_kernel(
         y = r + y.to(dtype).to(tl.float32)
     if EPILOGUE == 2:
         g = y.to(dtype).to(tl.float32)
-        u = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+        u = y_up.to(dtype).to(tl.float32)
         y = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32) * u
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, B, Y, NW, WS, LOCK,
+    N, stride_w, eps,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """y = W x (+ b), one program per BLOCK_N output rows (and 1/SPLIT_K of K), fp32
+    accumulation.
+
+    NORM: x is the residual stream h and the input is rms_norm(h) * NW. The product
+    runs on NW * h and the row's 1/rms scales the sum at the end, so the squares are
+    summed in the same pass (no dependent pre-pass before the weights stream); the
+    normalised input is not rounded to 16 bits first, unlike the unfused reference.
+    EPILOGUE 1 (residual): Y is the residual stream and Y[rows] += round(W x) in place.
+    EPILOGUE 2 (GLU): W holds [gate; up] (2N rows); y = round(silu(round(gate))) * round(up).
+    SPLIT_K > 1 (few rows, long K: more programs in flight): each program writes fp32
+    partials to WS; the last of a row block to finish (an atomic counter in LOCK, which
+    it resets) sums them and runs the epilogue. One launch, graph-safe.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    dtype = X.dtype.element_ty
+    # This program's share of K, whole BLOCK_Ks (a constant: static trip counts).
+    K_SPLIT: tl.constexpr = (K + SPLIT_K * BLOCK_K - 1) // (SPLIT_K * BLOCK_K) * BLOCK_K
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    sq = tl.zeros((BLOCK_K,), tl.float32)
+    for i in range(0, K_SPLIT, BLOCK_K):
+        cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        offs = rows[:, None] * stride_w + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(W + offs, mask=mask, other=0.0)
+        if EPILOGUE == 2:
+            w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+        xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if NORM:
+            sq += xf * xf
+            xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xf[None, :]
+        if EPILOGUE == 2:
+            acc_up += w_up.to(tl.float32) * xf[None, :]
+    y = tl.sum(acc, axis=1)
+    y_up = tl.sum(acc_up, axis=1)
+    ss = tl.sum(sq, axis=0)
+    if SPLIT_K == 1:
+        if NORM:
+            inv = 1.0 / tl.sqrt(ss / K + eps)
+            y = y * inv
+            y_up = y_up * inv
+        _epilogue(y, y_up, rows, row_ok, B, Y, dtype, HAS_BIAS, EPILOGUE)
+    else:
+        # WS: [SPLIT_K, 3 * N] fp32: plain/gate partials, up partials, and each row
+        # block's partial sum of squares (at 2N + pid_n: ordered by that block's counter).
+        base = WS + pid_k * 3 * N
+        tl.store(base + rows, y, mask=row_ok)
+        if EPILOGUE == 2:
+            tl.store(base + N + rows, y_up, mask=row_ok)
+        if NORM:
+            tl.store(base + 2 * N + pid_n, ss)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(LOCK + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            y = tl.zeros((BLOCK_N,), tl.float32)
+            y_up = tl.zeros((BLOCK_N,), tl.float32)
+            ss = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+            for s in range(SPLIT_K):
+                part = WS + s * 3 * N
+                y += tl.load(part + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+                if EPILOGUE == 2:
+                    y_up += tl.load(part + N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+                if NORM:
+                    ss += tl.load(part + 2 * N + pid_n, cache_modifier=".cg")
+            if NORM:
+                inv = 1.0 / tl.sqrt(ss / K + eps)
+                y = y * inv
+                y_up = y_up * inv
+            _epilogue(y, y_up, rows, row_ok, B, Y, dtype, HAS_BIAS, EPILOGUE)
+            tl.atomic_xchg(LOCK + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+SplitBuffers = tuple[torch.Tensor, torch.Tensor]  # (fp32 partials, int32 counters)
+
+
+def split_buffers(n: int, cfg: GemvConfig, device: torch.device) -> SplitBuffers | None:
+    """The split-K workspace and counters one layer needs for cfg (None without split):
+    allocated once per layer, since a captured graph keeps their addresses."""
+    if cfg.split_k == 1:
+        return None
+    return (
+        torch.empty(cfg.split_k * 3 * n, dtype=torch.float32, device=device),
+        torch.zeros(triton.cdiv(n, cfg.block_n), dtype=torch.int32, device=device),
+    )
 
 
 def _launch(
@@ -122,26 +184,34 @@ def _launch(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     epilogue: int = EPI_NONE,
+    buffers: SplitBuffers | None = None,
 ) -> None:
     k = weight.shape[1]
     if x.numel() != k or weight.stride(1) != 1:
         raise ValueError(f"gemv: x must hold one row of {k} and weight must be row-major")
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+    if cfg.split_k > 1 and buffers is None:
+        buffers = split_buffers(n, cfg, x.device)  # one-off call (tests, tuning)
+    ws, lock = buffers if buffers is not None else (out, out)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
         x.reshape(k), weight, bias if bias is not None else weight, out,
-        norm_weight if norm_weight is not None else weight,
+        norm_weight if norm_weight is not None else weight, ws, lock,
         n, weight.stride(0), eps,
         K=k, HAS_BIAS=bias is not None, NORM=norm_weight is not None, EPILOGUE=epilogue,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: GemvConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: GemvConfig,
+    buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
     n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, y, n, cfg)
+    _launch(x, weight, bias, y, n, cfg, buffers=buffers)
     return y.view(*x.shape[:-1], n)
 
 
@@ -153,6 +223,7 @@ def norm_gemv(
     bias: torch.Tensor | None,
     cfg: GemvConfig,
     glu: bool = False,
+    buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
     """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
     silu(gate) * up. h [..., K] holds one row."""
@@ -160,7 +231,8 @@ def norm_gemv(
     if glu and bias is not None:
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
     y = torch.empty(n, dtype=h.dtype, device=h.device)
-    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, EPI_GLU if glu else EPI_NONE)
+    epilogue = EPI_GLU if glu else EPI_NONE
+    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers)
     return y.view(*h.shape[:-1], n)
 
 
@@ -170,11 +242,13 @@ def gemv_residual(
     bias: torch.Tensor | None,
     residual: torch.Tensor,
     cfg: GemvConfig,
+    buffers: SplitBuffers | None = None,
 ) -> None:
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
     if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
         raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
-    _launch(x, weight, bias, residual, weight.shape[0], cfg, epilogue=EPI_RESIDUAL)
+    n = weight.shape[0]
+    _launch(x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers)
 
 
 # What each linear of a decoder block fuses on the batch-1 path (model.py's order).
@@ -213,9 +287,13 @@ class GemvLinear(nn.Module):
         self.config = config  # None: cuBLAS at every row count
         self.fusion = fusion if fused is not None else ""
         self.fused = fused
+        device = self.weight.device
+        self.buffers = None if config is None else split_buffers(self.out_features, config, device)
+        fused_n = self.out_features // 2 if self.fusion == "norm_glu" else self.out_features
+        self.fused_buffers = None if fused is None else split_buffers(fused_n, fused, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemv_linear(x, self.weight, self.bias, self.config)
+        return gemv_linear(x, self.weight, self.bias, self.config, self.buffers)
 
     def kernel(self, rows: int) -> str:
         """The kernel an input of `rows` rows runs on."""
@@ -228,18 +306,23 @@ class GemvLinear(nn.Module):
 
 
 def gemv_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: GemvConfig | None,
+    buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
     """GemvLinear's forward: the Triton GEMV for one row (if configured), cuBLAS otherwise."""
     if config is not None and x.numel() == weight.shape[1]:
-        return gemv(x, weight, bias, config)
+        return gemv(x, weight, bias, config, buffers)
     return F.linear(x, weight, bias)
 
 
 def config_label(config: GemvConfig | None) -> str:
     if config is None:
         return "cublas"
-    return f"gemv-{config.block_n}x{config.block_k}w{config.num_warps}"
+    split = f"s{config.split_k}" if config.split_k > 1 else ""
+    return f"gemv-{config.block_n}x{config.block_k}w{config.num_warps}{split}"
 
 
 def _time_layers(fn_per_layer: list[Callable[[], object]], iters: int = 20) -> float:
@@ -261,10 +344,12 @@ def _time_layers(fn_per_layer: list[Callable[[], object]], iters: int = 20) -> f
 def _fused_call(
     fusion: str, m: nn.Linear, cfg: GemvConfig, x: torch.Tensor, scratch: torch.Tensor
 ) -> Callable[[], object]:
+    glu = fusion == "norm_glu"
+    buffers = split_buffers(m.out_features // 2 if glu else m.out_features, cfg, x.device)
     if fusion == "residual":
-        return partial(gemv_residual, x, m.weight, m.bias, scratch, cfg)
+        return partial(gemv_residual, x, m.weight, m.bias, scratch, cfg, buffers)
     norm_weight = torch.ones_like(x).view(-1)
-    return partial(norm_gemv, x, norm_weight, 1e-6, m.weight, m.bias, cfg, fusion == "norm_glu")
+    return partial(norm_gemv, x, norm_weight, 1e-6, m.weight, m.bias, cfg, glu, buffers)
 
 
 def swap_in_gemv(
@@ -297,7 +382,10 @@ def swap_in_gemv(
                 None,
             )
             for cfg in CANDIDATES:
-                t = _time_layers([partial(gemv, x, m.weight, m.bias, cfg) for _, m in mods])
+                buffers = split_buffers(shape[0], cfg, device)
+                t = _time_layers(
+                    [partial(gemv, x, m.weight, m.bias, cfg, buffers) for _, m in mods]
+                )
                 if t < best[0]:
                     best = (t, cfg)
             choice[shape] = best[1]
