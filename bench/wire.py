@@ -2,14 +2,25 @@
 
     python3 bench/wire.py --shape qwen2.5-coder-1.5b            # GPU host
     python3 bench/wire.py --shape nib-tiny-code --device cpu     # the shipped model
+    python3 bench/wire.py --model DIR --device cpu               # any model folder
 
 Starts `nib serve` on 127.0.0.1 with a model of the given shape (random-init
 weights for the GPU shapes), then from this process (another process than the
 server) streams greedy completions through the SDK: client-observed median
 inter-token time and time to first token, against the server's own timings
-for the same requests (Done.timings). Then cancels completions on a Session
-after k tokens and counts how many tokens the engine still produced.
-Writes bench/results/<date>-wire.json (rows merged by shape).
+for the same requests (Done.timings). Then cancels completions on an SDK
+Session after k tokens and counts how many tokens, and how many engine steps,
+the engine still produced. Checks the figures against issue 6 (client median
+inter-token time at most the engine's + 0.15 ms, time to first token within
+1 ms of the engine's, a cancel stops generation within 2 steps); --strict
+makes a miss exit 2. Writes <out>/<date>-wire.json (rows merged by shape).
+
+Every figure is per token, from the SDK's `token_times` (when each token's
+delta reached the client), never per text chunk: a token may bring no text
+(token healing re-generating the prompt's last characters, a byte inside a
+UTF-8 character, a possible stop string), and a random-weight model can
+produce 128 tokens none of which decodes to text. When no gap could be
+measured the bench says why and exits 1.
 """
 
 from __future__ import annotations
@@ -27,8 +38,21 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nib.sdk import SessionStream
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Issue 6's targets.
+MAX_EXTRA_INTER_TOKEN_MS = 0.15
+MAX_TTFT_DIFF_MS = 1.0
+MAX_CANCEL_STEPS = 2
+
+
+class BenchFailure(Exception):
+    """The bench could not measure what it is for (not a missed target)."""
 
 
 def start_server(
@@ -53,7 +77,7 @@ def start_server(
     with Client(f"127.0.0.1:{port}") as client:
         for _ in range(1200):
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
+                raise BenchFailure(f"the server exited with {proc.returncode} before SERVING")
             try:
                 if client.health(timeout=1.0) == "SERVING":
                     return proc
@@ -61,68 +85,165 @@ def start_server(
                 pass
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("server did not become SERVING")
+    proc.wait()
+    raise BenchFailure("the server did not become SERVING in 10 minutes")
 
 
-def stream_stats(address: str, prompt: str, new: int, reps: int) -> dict[str, float]:
+def stream_stats(address: str, prompt: str, new: int, reps: int) -> dict[str, object]:
+    """Greedy completions on `Complete`: per-token gaps and time to first token, as the
+    client saw them (SDK token_times) and as the engine measured them (Done.timings)."""
     from nib.sdk import Client
 
-    client_gaps, server_gaps, client_ttft, server_ttft = [], [], [], []
+    client_gaps: list[float] = []
+    engine_gaps: list[float] = []
+    rep_engine_gaps: list[list[float]] = []
+    client_ttft: list[float] = []
+    engine_ttft: list[float] = []
+    first_text: list[float] = []
+    tokens, text_chunks = [], []
     with Client(address) as client:
-        list(client.complete(prompt, max_tokens=new))  # warm-up
+        client.complete(prompt, max_tokens=new).result()  # warm-up
         for _ in range(reps):
             start = time.perf_counter()
-            stamps = []
             stream = client.complete(prompt, max_tokens=new)
-            for _text in stream:
-                stamps.append(time.perf_counter())
+            text_chunks.append(sum(1 for _text in stream))
+            stamps = stream.token_times
+            tokens.append(len(stamps))
+            if len(stamps) != stream.usage.completion_tokens:
+                raise BenchFailure(
+                    f"the client saw {len(stamps)} tokens, the server reports "
+                    f"{stream.usage.completion_tokens} ({stream.finish_reason})"
+                )
             if not stamps:
-                continue  # the model ended at once; nothing to time
+                continue  # ended at once (end of text): nothing to time
             client_ttft.append((stamps[0] - start) * 1e3)
+            engine_ttft.append(stream.timings.ttft_ms)
+            if stream.first_delta_s is not None:
+                first_text.append(stream.first_delta_s * 1e3)
             client_gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
-            server_gaps += list(stream.timings.inter_token_ms)
-            server_ttft.append(stream.timings.ttft_ms)
+            engine_gaps += stream.timings.inter_token_ms
+            rep_engine_gaps.append(list(stream.timings.inter_token_ms))
+    if not client_gaps or not engine_gaps:
+        raise BenchFailure(
+            f"no inter-token gap to time: {reps} completions of max_tokens={new} gave "
+            f"{tokens} tokens ({text_chunks} text deltas); a model that ends at once "
+            "cannot be timed"
+        )
     return {
         "client_inter_token_ms_median": statistics.median(client_gaps),
-        "engine_inter_token_ms_median": statistics.median(server_gaps),
+        "engine_inter_token_ms_median": statistics.median(engine_gaps),
         "client_ttft_ms_median": statistics.median(client_ttft),
-        "engine_ttft_ms_median": statistics.median(server_ttft),
+        "engine_ttft_ms_median": statistics.median(engine_ttft),
+        # Text can come later than the first token (healing, partial UTF-8): for reference.
+        "client_first_text_ms_median": statistics.median(first_text) if first_text else None,
+        "tokens_per_completion": tokens,
+        "text_deltas_per_completion": text_chunks,
+        "engine_step_boundary_ms": step_boundary_ms(rep_engine_gaps),
     }
 
 
-def cancel_overrun(address: str, prompt: str, after: int, reps: int) -> list[int]:
-    """Tokens the engine produced after the client sent a cancel, per attempt."""
-    import grpc
+def step_boundary_ms(rep_gaps: list[list[float]]) -> float:
+    """The engine gap at and above which a token starts a new decode step: half the
+    engine's mean gap per token (the median over the completions).
 
-    from nib.v1 import completion_pb2 as pb
-    from nib.v1 import completion_pb2_grpc as pb_grpc
+    Speculative decoding hands over the tokens of one verify step back to back
+    (microseconds apart), so those gaps sit far below the mean and the step gaps
+    at or above it; without drafts every gap is about the mean, and every token
+    counts as a step.
+    """
+    means = [statistics.fmean(g) for g in rep_gaps if g]
+    return 0.5 * statistics.median(means) if means else 0.0
 
-    overruns = []
-    with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.CompletionServiceStub(channel)
-        for i in range(reps):
-            send_cancel = threading.Event()
 
-            def requests(send_cancel: threading.Event = send_cancel, i: int = i):  # type: ignore[no-untyped-def]
-                yield pb.SessionRequest(
-                    start=pb.CompleteRequest(prompt=prompt, max_tokens=1000, request_id=f"c{i}")
-                )
-                send_cancel.wait(60)
-                yield pb.SessionRequest(cancel=pb.Cancel(request_id=f"c{i}"))
+def steps_after(engine_gaps: list[float], received: int, boundary_ms: float) -> int:
+    """Decode steps whose first token came after the client's `received`-th token.
 
-            received = 0
-            at_cancel = None
-            for response in stub.Session(requests(), timeout=120):
-                if response.HasField("delta"):
-                    received += len(response.delta.token_ids)
-                    if received >= after and at_cancel is None:
-                        at_cancel = received
-                        send_cancel.set()
-                elif response.HasField("done"):
-                    assert response.done.finish_reason == pb.FINISH_REASON_CANCELLED, response.done
-                    overruns.append(response.done.usage.completion_tokens - (at_cancel or 0))
-                    break
-    return overruns
+    engine_gaps[i] is the gap before token i + 2 (1-based); a token starts a step
+    when its gap is at least boundary_ms (every token does when boundary_ms is 0)."""
+    return sum(1 for g in engine_gaps[max(received - 1, 0) :] if g >= boundary_ms)
+
+
+def cancel_at(stream: SessionStream, after: int, at_cancel: list[tuple[int, float]]) -> None:
+    """On its own thread: cancel `stream` as soon as the SDK has taken `after` tokens in
+    (tokens that bring no text never reach the caller's loop), and note in at_cancel how
+    many it had and when. Does nothing when the completion ended first."""
+    while not stream.done and len(stream.token_times) < after:
+        time.sleep(0.0001)
+    at_cancel.append((len(stream.token_times), time.perf_counter()))
+    stream.cancel()
+
+
+def cancel_overrun(
+    address: str, prompt: str, after: int, reps: int, boundary_ms: float
+) -> dict[str, object]:
+    """Cancel greedy completions on an SDK Session once `after` tokens reached the
+    client: how many tokens (and engine steps) the engine produced after that."""
+    from nib.sdk import Client
+
+    tokens, steps, cancel_ms, missed = [], [], [], []
+    with Client(address) as client, client.session() as session:
+        for _ in range(reps):
+            stream = session.complete(prompt, max_tokens=max(1000, 4 * after))
+            at_cancel: list[tuple[int, float]] = []
+            watcher = threading.Thread(
+                target=cancel_at, args=(stream, after, at_cancel), daemon=True
+            )
+            watcher.start()
+            for _text in stream:
+                pass
+            watcher.join(60)
+            if not stream.cancelled:
+                missed.append(f"{stream.finish_reason} after {len(stream.token_ids)} tokens")
+                continue
+            if not stream.server_done.wait(60):
+                raise BenchFailure("the server never confirmed a cancel")
+            ((received, sent),) = at_cancel
+            cancel_ms.append((time.perf_counter() - sent) * 1e3)
+            tokens.append(stream.usage.completion_tokens - received)
+            steps.append(steps_after(list(stream.timings.inter_token_ms), received, boundary_ms))
+    if not tokens:
+        raise BenchFailure(
+            f"no completion ran to {after} tokens to be cancelled: {missed}; lower --cancel-after"
+        )
+    return {
+        "cancel_after_tokens": after,
+        "cancel_overrun_tokens": tokens,
+        "cancel_overrun_tokens_max": max(tokens),
+        "cancel_overrun_steps": steps,
+        "cancel_overrun_steps_max": max(steps),
+        # From cancel() until the server's done reached the client (a round trip).
+        "cancel_to_done_ms_median": statistics.median(cancel_ms),
+        "cancel_missed": missed,
+    }
+
+
+def issue_6(row: dict[str, object]) -> list[str]:
+    """The targets of issue 6 that this row misses, in words (empty: all met)."""
+
+    def f(key: str) -> float:
+        value = row[key]
+        assert isinstance(value, (int, float)), key
+        return float(value)
+
+    misses = []
+    itl, engine_itl = f("client_inter_token_ms_median"), f("engine_inter_token_ms_median")
+    if itl > engine_itl + MAX_EXTRA_INTER_TOKEN_MS:
+        misses.append(
+            f"client median inter-token {itl:.3f} ms > engine {engine_itl:.3f} + "
+            f"{MAX_EXTRA_INTER_TOKEN_MS} ms"
+        )
+    ttft, engine_ttft = f("client_ttft_ms_median"), f("engine_ttft_ms_median")
+    if abs(ttft - engine_ttft) > MAX_TTFT_DIFF_MS:
+        misses.append(
+            f"client time to first token {ttft:.3f} ms not within {MAX_TTFT_DIFF_MS} ms of "
+            f"the engine's {engine_ttft:.3f} ms"
+        )
+    if f("cancel_overrun_steps_max") > MAX_CANCEL_STEPS:
+        misses.append(
+            f"a cancel let the engine run {row['cancel_overrun_steps_max']} more steps "
+            f"(> {MAX_CANCEL_STEPS})"
+        )
+    return misses
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,18 +251,66 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shape", default="nib-tiny-code")
+    parser.add_argument("--model", type=Path, help="serve this model folder instead of --shape")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cancel-after", type=int, default=8)
+    parser.add_argument("--cancel-reps", type=int, default=10)
     parser.add_argument("--port", type=int, default=50071)
     parser.add_argument(
         "--serve-arg", action="append", default=[], help="extra `nib serve` argument"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--strict", action="store_true", help="exit 2 when issue 6 is missed")
     args = parser.parse_args(argv)
+    random_shape = args.model is None and args.shape != "nib-tiny-code"
+    if random_shape and args.device != "cuda":
+        parser.error("random-weight shapes are built on the GPU; on the CPU give --model DIR")
+    if min(args.new, args.reps, args.cancel_after, args.cancel_reps) < 1 or args.new < 2:
+        parser.error("--new must be at least 2, --reps/--cancel-after/--cancel-reps at least 1")
+    shape = args.shape if args.model is None else args.model.resolve().name
+    try:
+        row = measure(args, shape, random_shape)
+    except BenchFailure as exc:
+        print(f"bench/wire.py: FAILED ({shape}, {args.device}): {exc}", file=sys.stderr)
+        return 1
+    misses = issue_6(row)
+    row["issue_6_met"] = not misses
+    row["issue_6_misses"] = misses
+    print(json.dumps(row), flush=True)
+    print(
+        "issue 6: "
+        + ("met" if not misses else "MISSED: " + "; ".join(misses))
+        + f" (client/engine median inter-token {row['client_inter_token_ms_median']:.3f}/"
+        f"{row['engine_inter_token_ms_median']:.3f} ms, ttft {row['client_ttft_ms_median']:.2f}/"
+        f"{row['engine_ttft_ms_median']:.2f} ms, cancel overrun max "
+        f"{row['cancel_overrun_steps_max']} steps / {row['cancel_overrun_tokens_max']} tokens)",
+        flush=True,
+    )
+    today = dt.date.today().isoformat()
+    path = args.out / f"{today}-wire.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = json.loads(path.read_text()) if path.exists() else {"date": today, "rows": []}
+    result["rows"] = [
+        r
+        for r in result["rows"]
+        if (r["shape"], r.get("device"), r.get("serve_args"))
+        != (shape, args.device, args.serve_arg)
+    ]
+    result["rows"].append(row)
+    result.setdefault("commands", []).append(
+        "python3 bench/wire.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    )
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 2 if misses and args.strict else 0
+
+
+def measure(args: argparse.Namespace, shape: str, random_shape: bool) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = None
-        if args.shape != "nib-tiny-code":
+        model_dir = args.model
+        if random_shape:
             sys.path.insert(0, str(ROOT / "bench"))
             from typing_trace import random_model_dir
 
@@ -151,34 +320,25 @@ def main(argv: list[str] | None = None) -> int:
             address = f"127.0.0.1:{args.port}"
             prompt = "def quicksort(items):\n    " * 20
             row: dict[str, object] = {
-                "shape": args.shape,
+                "shape": shape,
                 "device": args.device,
                 "serve_args": args.serve_arg,
+                "new_tokens": args.new,
             }
             row.update(stream_stats(address, prompt, args.new, args.reps))
-            overruns = cancel_overrun(address, prompt, after=8, reps=10)
-            row["cancel_overrun_tokens_max"] = max(overruns)
-            row["cancel_overrun_tokens"] = overruns
+            boundary = row["engine_step_boundary_ms"]
+            assert isinstance(boundary, float)
+            row.update(
+                cancel_overrun(address, prompt, args.cancel_after, args.cancel_reps, boundary)
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-    print(json.dumps(row), flush=True)
-    today = dt.date.today().isoformat()
-    path = args.out / f"{today}-wire.json"
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = json.loads(path.read_text()) if path.exists() else {"date": today, "rows": []}
-    result["rows"] = [
-        r
-        for r in result["rows"]
-        if (r["shape"], r.get("serve_args")) != (args.shape, args.serve_arg)
-    ]
-    result["rows"].append(row)
-    result.setdefault("commands", []).append(
-        "python3 bench/wire.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    )
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
-    return 0
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return row
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ class StreamState:
         self.cancelled = False  # the caller cancelled (break, close, cancel())
         self._started = time.perf_counter()
         self.first_delta_s: float | None = None  # client-side time to the first text
+        # Client side: time.perf_counter() when each token's delta was taken in, one entry
+        # per token id, whether or not it brought text (tokens inside a UTF-8 character,
+        # re-generated healed text or a possible stop string arrive with text "").
+        self.token_times: list[float] = []
 
     @property
     def done(self) -> bool:
@@ -54,6 +58,8 @@ class StreamState:
         self.received = True
         if response.HasField("delta"):
             d = response.delta
+            if d.token_ids:
+                self.token_times += [time.perf_counter()] * len(d.token_ids)
             self.token_ids.extend(d.token_ids)
             self.logprobs.extend(d.logprobs)
             if d.text:

@@ -140,6 +140,17 @@ def test_state_accumulates_deltas_and_the_done() -> None:
     assert s._result().text == "abc"
 
 
+def test_state_stamps_every_token_even_those_without_text() -> None:
+    s = StreamState("r")
+    s._apply(delta("", 1))  # e.g. a byte inside a UTF-8 character: no text yet
+    s._apply(delta("ab", 2, 3))
+    s._apply(delta("c"))  # held-back text flushed at the end: no token
+    s._apply(done(pb.FINISH_REASON_LENGTH, usage=pb.Usage(completion_tokens=3)))
+    assert len(s.token_times) == len(s.token_ids) == 3
+    assert s.token_times[1] == s.token_times[2] and s.token_times == sorted(s.token_times)
+    assert s._started <= s.token_times[0]
+
+
 def test_state_raises_the_typed_error_of_an_error_done() -> None:
     s = StreamState("r")
     with pytest.raises(InvalidArgument, match="prompt: must not be empty"):
