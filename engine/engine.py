@@ -166,6 +166,7 @@ class Engine:
         self.prompt_tokens_computed = 0
         self.speculation_stats = {"verifies": 0, "drafted": 0, "accepted": 0}
         self.ready = threading.Event()
+        self._settled = threading.Event()  # ready, or failed: wait_ready stops waiting
         self.failure: BaseException | None = None
         # Unbounded: the limit is on live waiting requests (`_waiting`), so that
         # withdrawn requests still sitting in the queue take no one's place.
@@ -194,7 +195,10 @@ class Engine:
         return self._thread.is_alive()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        return self.ready.wait(timeout)
+        """True once the engine serves; False at the timeout or as soon as it has failed
+        to start (then `failure` says why)."""
+        self._settled.wait(timeout)
+        return self.ready.is_set()
 
     @property
     def queue_depth(self) -> int:
@@ -309,6 +313,7 @@ class Engine:
             log.info("engine ready in %.2fs", time.perf_counter() - started)
             log.info("startup report", extra=startup_record(self))
             self.ready.set()
+            self._settled.set()
         except BaseException as exc:
             self._fail("engine failed to start", exc)
             return
@@ -329,6 +334,7 @@ class Engine:
     def _fail(self, what: str, exc: BaseException) -> None:
         self.failure = exc
         self._finished = True
+        self._settled.set()
         log.critical("%s", what, exc_info=exc)
         cause = EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}")
         job, self._current = self._current, None

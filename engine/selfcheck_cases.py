@@ -247,6 +247,7 @@ class CaseBuilder:
         weight = module.weight.detach()
         bias = module.bias.detach() if module.bias is not None else None
         out_f, in_f = weight.shape
+        out_f = out_f // 2 if fusion == "norm_glu" else out_f
         eps = 1e-6
 
         def inputs() -> Inputs:
@@ -282,7 +283,9 @@ class CaseBuilder:
                 return F.silu(gate) * up
             return out
 
-        return Case(f"linear+{fusion}", shape, inputs, run, reference, self.tol, path)
+        # Named "linear" like the unfused cases (the path says "+norm" etc.), so one
+        # name covers every 16-bit linear path, fused or not.
+        return Case("linear", shape, inputs, run, reference, self.tol, path)
 
     def _dequantized(self, module: Int4Linear) -> torch.Tensor:
         """The fp32 weight of the module whose cases run now (one at a time: a 7B lm_head

@@ -33,6 +33,43 @@ import triton.language as tl
 
 
 @triton.jit
+def _merge(
+    O_PART, ML_PART, OUT, kvh, t, T, used,
+    H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+    SPLITS: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Combine the `used` split partials of each query head of KV head kvh, token t."""
+    d = tl.arange(0, D)
+    sb = tl.arange(0, MERGE_BLOCK)
+    for j in tl.static_range(GROUP):
+        h = kvh * GROUP + j
+        rows = (t * H + h) * SPLITS
+        m_run = tl.max(tl.full((MERGE_BLOCK,), float("-inf"), tl.float32), axis=0)
+        l_run = tl.sum(tl.zeros((MERGE_BLOCK,), tl.float32), axis=0)
+        acc = tl.zeros((D,), tl.float32)
+        # A static bound (the interpreter cannot loop to a loaded value); splits past
+        # `used` are masked and read nothing.
+        for s0 in range(0, SPLITS, MERGE_BLOCK):
+            sp = s0 + sb
+            ok = sp < used
+            m_p = tl.load(
+                ML_PART + (rows + sp) * 2, mask=ok, other=float("-inf"), cache_modifier=".cg"
+            )
+            l_p = tl.load(ML_PART + (rows + sp) * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            o_p = tl.load(
+                O_PART + (rows + sp)[:, None] * D + d[None, :], mask=ok[:, None],
+                other=0.0, cache_modifier=".cg",
+            )  # fmt: skip
+            m_new = tl.maximum(m_run, tl.max(m_p, axis=0))
+            alpha = tl.exp(m_run - m_new)
+            w = tl.where(ok, tl.exp(m_p - m_new), 0.0)
+            l_run = l_run * alpha + tl.sum(w * l_p, axis=0)
+            acc = acc * alpha + tl.sum(o_p * w[:, None], axis=0)
+            m_run = m_new
+        tl.store(OUT + (h * T + t) * D + d, (acc / l_run).to(OUT.dtype.element_ty))
+
+
+@triton.jit
 def _decode_attention_kernel(
     Q, K, V, POS, O_PART, ML_PART, LOCK, OUT,
     S, sm_scale,
@@ -89,36 +126,7 @@ def _decode_attention_kernel(
         used = (length + CHUNK - 1) // CHUNK
         arrived = tl.atomic_add(LOCK + t * KVH + kvh, 1, sem="acq_rel", scope="gpu")
         if arrived == used - 1:
-            sb = tl.arange(0, MERGE_BLOCK)
-            for g in tl.static_range(GROUP):
-                h = kvh * GROUP + g
-                rows = (t * H + h) * SPLITS
-                m_run = tl.max(tl.full((MERGE_BLOCK,), float("-inf"), tl.float32), axis=0)
-                l_run = tl.sum(tl.zeros((MERGE_BLOCK,), tl.float32), axis=0)
-                acc = tl.zeros((D,), tl.float32)
-                for s0 in range(
-                    0, SPLITS, MERGE_BLOCK
-                ):  # static bound; splits past `used` are masked
-                    sp = s0 + sb
-                    ok = sp < used
-                    m_p = tl.load(
-                        ML_PART + (rows + sp) * 2, mask=ok, other=float("-inf"),
-                        cache_modifier=".cg",
-                    )  # fmt: skip
-                    l_p = tl.load(
-                        ML_PART + (rows + sp) * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg"
-                    )
-                    o_p = tl.load(
-                        O_PART + (rows + sp)[:, None] * D + d[None, :], mask=ok[:, None],
-                        other=0.0, cache_modifier=".cg",
-                    )  # fmt: skip
-                    m_new = tl.maximum(m_run, tl.max(m_p, axis=0))
-                    alpha = tl.exp(m_run - m_new)
-                    w = tl.where(ok, tl.exp(m_p - m_new), 0.0)
-                    l_run = l_run * alpha + tl.sum(w * l_p, axis=0)
-                    acc = acc * alpha + tl.sum(o_p * w[:, None], axis=0)
-                    m_run = m_new
-                tl.store(OUT + (h * T + t) * D + d, (acc / l_run).to(OUT.dtype.element_ty))
+            _merge(O_PART, ML_PART, OUT, kvh, t, T, used, H, GROUP, D, SPLITS, MERGE_BLOCK)
             tl.atomic_xchg(LOCK + t * KVH + kvh, 0, sem="relaxed", scope="gpu")
 
 

@@ -140,3 +140,21 @@ def test_graph_fallbacks_are_counted_per_graph() -> None:
     stats.record_graph_fallback("decode")
     stats.record_graph_fallback("prefill-512")
     assert stats.graph_fallback_counts() == {"decode": 2, "prefill-512": 1}
+
+
+def test_wait_ready_returns_at_once_when_start_up_fails(random_model_dir: Path) -> None:
+    """A failed start ends the wait (benches and tools wait with long timeouts)."""
+    import time
+
+    def before_ready() -> None:
+        raise Crash("start-up broke")
+
+    engine = Engine(
+        EngineConfig(model_dir=random_model_dir, max_context=128),
+        EngineHooks(before_ready=before_ready),
+    ).start()
+    started = time.perf_counter()
+    assert engine.wait_ready(120) is False
+    assert time.perf_counter() - started < 60
+    assert isinstance(engine.failure, Crash)
+    engine.stop()
