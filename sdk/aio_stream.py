@@ -11,8 +11,7 @@ from typing import Any
 
 import grpc
 
-from nib.sdk.errors import from_rpc_error, rpc_code
-from nib.sdk.retry import RetryPolicy, should_retry
+from nib.sdk.retry import RetryPolicy
 from nib.sdk.state import StreamState
 from nib.sdk.types import Completion
 
@@ -76,16 +75,7 @@ class AsyncCompletionStream(StreamState):
             self.cancel()
 
     async def _retry_or_raise(self, exc: grpc.RpcError) -> None:
-        delay = self._retry.backoff(self.attempts)
-        if not should_retry(
-            self._retry,
-            rpc_code(exc),
-            attempts=self.attempts,
-            received=self.received,
-            delay=delay,
-            remaining=self._remaining(),
-        ):
-            raise from_rpc_error(exc) from None
+        delay = self._backoff_or_raise(self._retry, exc, self._remaining())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), delay)
         if not self.cancelled:

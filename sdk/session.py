@@ -16,9 +16,8 @@ from typing import Any, TypeAlias, Unpack
 
 import grpc
 
-from nib.sdk.errors import DeadlineExceeded, from_rpc_error, rpc_code
+from nib.sdk.errors import DeadlineExceeded
 from nib.sdk.request import CompletionParams, build_request
-from nib.sdk.retry import should_retry
 from nib.sdk.session_core import Link, SessionCore
 from nib.sdk.state import StreamState
 from nib.sdk.types import Completion
@@ -84,16 +83,7 @@ class SessionStream(StreamState):
 
     def _retry_or_raise(self, exc: grpc.RpcError) -> None:
         retry = self._session.options.retry
-        delay = retry.backoff(self.attempts)
-        if not should_retry(
-            retry,
-            rpc_code(exc),
-            attempts=self.attempts,
-            received=self.received,
-            delay=delay,
-            remaining=self._remaining(),
-        ):
-            raise from_rpc_error(exc) from None
+        delay = self._backoff_or_raise(retry, exc, self._remaining())
         try:
             item = self._events.get(timeout=delay)  # a cancel() cuts the backoff short
         except queue.Empty:

@@ -6,7 +6,8 @@ import time
 
 import grpc
 
-from nib.sdk.errors import NibError, error_for, from_code
+from nib.sdk.errors import NibError, error_for, from_code, from_rpc_error, rpc_code
+from nib.sdk.retry import RetryPolicy, should_retry
 from nib.sdk.types import Completion, FinishReason, Timings, Usage
 from nib.v1 import completion_pb2 as pb
 
@@ -48,6 +49,23 @@ class StreamState:
         # per token id, whether or not it brought text (tokens inside a UTF-8 character,
         # re-generated healed text or a possible stop string arrive with text "").
         self.token_times: list[float] = []
+
+    def _backoff_or_raise(
+        self, retry: RetryPolicy, exc: grpc.RpcError, remaining: float | None
+    ) -> float:
+        """Seconds to wait before the next attempt after exc; raises exc's NibError when
+        the policy says not to retry (every client and RPC decides the same way)."""
+        delay = retry.backoff(self.attempts)
+        if not should_retry(
+            retry,
+            rpc_code(exc),
+            attempts=self.attempts,
+            received=self.received,
+            delay=delay,
+            remaining=remaining,
+        ):
+            raise from_rpc_error(exc) from None
+        return delay
 
     @property
     def done(self) -> bool:
