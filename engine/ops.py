@@ -157,13 +157,9 @@ class TritonOps(TorchOps):
         eps: float,
         linear: nn.Module,
     ) -> torch.Tensor:
-        cfg = _fused_config(linear, residual, "norm") if pending is None else None
-        if cfg is None:
-            return super().norm_linear(residual, pending, weight, eps, linear)
-        from nib.engine.kernels.gemv import norm_gemv
-
-        return norm_gemv(  # type: ignore[arg-type]
-            residual, weight, eps, linear.weight, linear.bias, cfg, buffers=linear.fused_buffers
+        fused = _norm_gemv(residual, pending, weight, eps, linear, "norm")
+        return (
+            super().norm_linear(residual, pending, weight, eps, linear) if fused is None else fused
         )
 
     def norm_glu(
@@ -174,14 +170,8 @@ class TritonOps(TorchOps):
         eps: float,
         linear: nn.Module,
     ) -> torch.Tensor:
-        cfg = _fused_config(linear, residual, "norm_glu") if pending is None else None
-        if cfg is None:
-            return super().norm_glu(residual, pending, weight, eps, linear)
-        from nib.engine.kernels.gemv import norm_gemv
-
-        return norm_gemv(  # type: ignore[arg-type]
-            residual, weight, eps, linear.weight, None, cfg, True, linear.fused_buffers
-        )
+        fused = _norm_gemv(residual, pending, weight, eps, linear, "norm_glu")
+        return super().norm_glu(residual, pending, weight, eps, linear) if fused is None else fused
 
     def linear_residual(
         self, x: torch.Tensor, linear: nn.Module, residual: torch.Tensor
@@ -193,6 +183,27 @@ class TritonOps(TorchOps):
 
         gemv_residual(x, linear.weight, linear.bias, residual, cfg, linear.fused_buffers)  # type: ignore[arg-type]
         return None
+
+
+def _norm_gemv(
+    residual: torch.Tensor,
+    pending: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    linear: nn.Module,
+    fusion: str,
+) -> torch.Tensor | None:
+    """The fused norm (+ SiLU·mul) GEMV's output, or None where it does not apply (more
+    than one row, a pending residual add, or a linear without that fusion)."""
+    cfg = _fused_config(linear, residual, fusion) if pending is None else None
+    if cfg is None:
+        return None
+    from nib.engine.kernels.gemv import norm_gemv
+
+    glu = fusion == "norm_glu"
+    return norm_gemv(  # type: ignore[arg-type]
+        residual, weight, eps, linear.weight, linear.bias, cfg, glu, linear.fused_buffers
+    )
 
 
 def _fused_config(linear: nn.Module, x: torch.Tensor, fusion: str) -> object | None:

@@ -247,7 +247,6 @@ class CaseBuilder:
         weight = module.weight.detach()
         bias = module.bias.detach() if module.bias is not None else None
         out_f, in_f = weight.shape
-        out_f = out_f // 2 if fusion == "norm_glu" else out_f
         eps = 1e-6
 
         def inputs() -> Inputs:

@@ -365,7 +365,6 @@ def swap_in_gemv(
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))
     choice: dict[tuple[int, int], GemvConfig | None] = {}
     fused: dict[tuple[int, int, str], GemvConfig] = {}
-    fused_only: set[tuple[int, int]] = set()
     for shape, mods in by_shape.items():
         device, dtype = mods[0][1].weight.device, mods[0][1].weight.dtype
         x = torch.randn(1, 1, shape[1], device=device, dtype=dtype)
@@ -374,9 +373,9 @@ def swap_in_gemv(
             choice[shape] = CANDIDATES[0]
             fused.update({(*shape, f): CANDIDATES[0] for f in fusions})
             continue
-        if fusions and all(fusion_of(name) for name, _ in mods):
-            fused_only.add(shape)
-        else:
+        # A shape whose every layer fuses runs the plain kernel only off the fast path
+        # (never at one row in practice): it takes the fused kernel's tiles untimed.
+        if not (fusions and all(fusion_of(name) for name, _ in mods)):
             best: tuple[float, GemvConfig | None] = (
                 _time_layers([partial(F.linear, x, m.weight, m.bias) for _, m in mods]),
                 None,
@@ -402,9 +401,7 @@ def swap_in_gemv(
         shape = (m.out_features, m.in_features)
         fusion = fusion_of(name) if fuse else ""
         fused_cfg = fused.get((*shape, fusion))
-        # A shape whose every layer fuses runs the plain kernel only off the fast path
-        # (never at one row in practice): it takes the fused kernel's tiles untimed.
-        plain = fused_cfg if shape in fused_only else choice[shape]
+        plain = choice.get(shape, fused_cfg)
         module = GemvLinear(m, plain, fusion, fused_cfg)
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
