@@ -106,9 +106,11 @@ def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.M
     model.setup_cache(max_context)
     model.ops = TritonOps()
     if int4:
+        from nib.engine.quant.fused_gemv import swap_in_int4_gemv
         from nib.engine.quant.swap import quantize_model
 
         quantize_model(model)
+        print(f"int4 gemv choices {swap_in_int4_gemv(model)}", flush=True)
     print(f"gemv choices {swap_in_gemv(model)}", flush=True)
     return model
 

@@ -51,6 +51,9 @@ def linear_kernel(module: nn.Module, rows: int) -> tuple[str, bool]:
     if isinstance(module, Int4Linear):
         if module.use_reference or module.qweight.device.type != "cuda":
             return "int4 reference (torch)", module.qweight.device.type == "cuda"
+        batch1 = module.kernel(rows)
+        if batch1 is not None:
+            return batch1, False
         from nib.engine.quant.kernels import active_config
 
         config, fallback = active_config(rows, module.out_features, module.in_features)

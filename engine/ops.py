@@ -146,8 +146,9 @@ class TritonOps(TorchOps):
 
         return silu_mul(gate_up)
 
-    # The batch-1 path: when the linear is a GemvLinear with a fused config for this
-    # position, one kernel does the glue and the product (kernels/gemv.py).
+    # The batch-1 path: when the linear (a GemvLinear, or an Int4Linear on the GPU) has a
+    # fused config for this position, one kernel does the glue and the product
+    # (kernels/gemv.py, quant/fused_gemv.py): the module's norm_forward / residual_forward.
 
     def norm_linear(
         self,
@@ -179,9 +180,7 @@ class TritonOps(TorchOps):
         cfg = _fused_config(linear, x, "residual")
         if cfg is None or residual.numel() != linear.out_features:  # type: ignore[operator]
             return super().linear_residual(x, linear, residual)
-        from nib.engine.kernels.gemv import gemv_residual
-
-        gemv_residual(x, linear.weight, linear.bias, residual, cfg, linear.fused_buffers)  # type: ignore[arg-type]
+        linear.residual_forward(x, residual)  # type: ignore[operator]
         return None
 
 
@@ -198,16 +197,14 @@ def _norm_gemv(
     cfg = _fused_config(linear, residual, fusion) if pending is None else None
     if cfg is None:
         return None
-    from nib.engine.kernels.gemv import norm_gemv
-
-    glu = fusion == "norm_glu"
-    return norm_gemv(  # type: ignore[arg-type]
-        residual, weight, eps, linear.weight, linear.bias, cfg, glu, linear.fused_buffers
-    )
+    out: torch.Tensor = linear.norm_forward(residual, weight, eps, fusion == "norm_glu")  # type: ignore[operator]
+    return out
 
 
 def _fused_config(linear: nn.Module, x: torch.Tensor, fusion: str) -> object | None:
     """The fused kernel's tile config if `linear` fuses `fusion` and x is one row."""
     if getattr(linear, "fusion", "") != fusion or x.numel() != linear.in_features:  # type: ignore[operator]
+        return None
+    if getattr(linear, "use_reference", False) or not x.is_cuda:
         return None
     return getattr(linear, "fused", None)

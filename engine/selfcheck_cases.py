@@ -195,22 +195,25 @@ class CaseBuilder:
         bias = module.bias.detach() if module.bias is not None else None
         path: Callable[[], str] = lambda: linear_kernel(module, t)[0]  # noqa: E731
         if isinstance(module, Int4Linear):
-            from nib.engine.quant.kernels import int4_linear
+            if t == 1 and module.fused is not None:
+                return self._fused_gemv_case(module, shape, x_seed, path)
 
             def int4_inputs() -> Inputs:
                 x = _randn(_gen(self.device, x_seed), 1, t, in_f, dtype=self.dtype)
-                return {"x": x, "qweight": module.qweight, "scales": module.scales, "bias": bias}
+                return {"x": x}
 
             def int4_ref(i: Inputs) -> Outputs:
                 w = self._dequantized(module)
                 out = i["x"].float() @ w.t()
-                return out if i["bias"] is None else out + i["bias"].float()
+                return out if bias is None else out + bias.float()
 
+            # The module's own forward: the batch-1 GEMV at one row, the general kernels
+            # (kernels.py) at more.
             return Case(
                 "int4_linear",
                 shape,
                 int4_inputs,
-                lambda i: int4_linear(i["x"], i["qweight"], i["scales"], i["bias"]),
+                lambda i: module(i["x"]),
                 int4_ref,
                 max(INT4_TOLERANCE, self.tol),
                 path,
@@ -239,15 +242,17 @@ class CaseBuilder:
     def _fused_gemv_case(
         self, module: nn.Module, shape: str, x_seed: int, path: Callable[[], str]
     ) -> Case:
-        """The batch-1 GEMV with its fused glue (kernels/gemv.py), against the unfused
-        sequence in fp32: norm -> linear (-> SiLU·mul), or linear -> residual add."""
-        from nib.engine.kernels import gemv
-
-        fusion, cfg, buffers = module.fusion, module.fused, module.fused_buffers
-        weight = module.weight.detach()
+        """The batch-1 GEMV with its fused glue (kernels/gemv.py, quant/fused_gemv.py),
+        against the unfused sequence in fp32: norm -> linear (-> SiLU·mul), or linear ->
+        residual add."""
+        int4 = isinstance(module, Int4Linear)
+        fusion = module.fusion
         bias = module.bias.detach() if module.bias is not None else None
-        out_f, in_f = weight.shape
+        out_f, in_f = int(module.out_features), int(module.in_features)
         eps = 1e-6
+
+        def weight() -> torch.Tensor:
+            return self._dequantized(module) if int4 else module.weight.detach().float()  # type: ignore[arg-type]
 
         def inputs() -> Inputs:
             g = _gen(self.device, x_seed)
@@ -260,10 +265,11 @@ class CaseBuilder:
         def run(i: Inputs) -> Outputs:
             if fusion == "residual":
                 r = i["residual"].clone()
-                gemv.gemv_residual(i["x"], weight, bias, r, cfg, buffers)
+                module.residual_forward(i["x"], r)  # type: ignore[operator]
                 return r
             glu = fusion == "norm_glu"
-            return gemv.norm_gemv(i["x"], i["norm_weight"], eps, weight, bias, cfg, glu, buffers)
+            out: torch.Tensor = module.norm_forward(i["x"], i["norm_weight"], eps, glu)  # type: ignore[operator]
+            return out
 
         def reference(i: Inputs) -> Outputs:
             x = i["x"].float()
@@ -273,7 +279,7 @@ class CaseBuilder:
                     * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
                     * i["norm_weight"].float()
                 )
-            out = x @ weight.float().t()
+            out = x @ weight().t()
             out = out if bias is None else out + bias.float()
             if fusion == "residual":
                 return i["residual"].float() + out
@@ -282,8 +288,11 @@ class CaseBuilder:
                 return F.silu(gate) * up
             return out
 
-        # Named "linear" like the unfused cases (the path says "+norm" etc.), so one
-        # name covers every 16-bit linear path, fused or not.
+        # Named like the unfused cases (the path says "+norm" etc.), so one name covers
+        # every path of a weight format, fused or not.
+        if int4:
+            tol = max(INT4_TOLERANCE, self.tol)
+            return Case("int4_linear", shape, inputs, run, reference, tol, path)
         return Case("linear", shape, inputs, run, reference, self.tol, path)
 
     def _dequantized(self, module: Int4Linear) -> torch.Tensor:

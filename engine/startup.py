@@ -61,6 +61,10 @@ def setup_gpu(engine: Engine) -> None:
     model.ops = TritonOps()
     started = time.perf_counter()
     engine.gemv_choices = swap_in_gemv(model, tune=config.tune_kernels)
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        from nib.engine.quant.fused_gemv import swap_in_int4_gemv
+
+        engine.gemv_choices.update(swap_in_int4_gemv(model, tune=config.tune_kernels))
     log.info("linear kernels per (out, in): %s", engine.gemv_choices)
     runner = GraphRunner(
         model,

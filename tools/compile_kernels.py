@@ -25,6 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from nib.engine.kernels import decode_attention, gemv
+from nib.engine.quant import fused_gemv
 
 TARGETS = (GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32))
 
@@ -54,7 +55,8 @@ def attention_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any],
         group = heads // kv_heads
         consts = dict(
             H=heads, KVH=kv_heads, GROUP=group, D=128, CHUNK=chunk, SPLITS=64,
-            MERGE_BLOCK=64, GP=max(16, triton.next_power_of_2(group)),
+            MERGE_BLOCK=64 // triton.next_power_of_2(group), GP=max(16, triton.next_power_of_2(group)),
+            GM=triton.next_power_of_2(group), DYNAMIC=True,
         )  # fmt: skip
         name = f"decode_attention {dtype} heads={heads}/{kv_heads}"
         out.append((name, decode_attention._decode_attention_kernel, types, consts, 4))
@@ -85,11 +87,38 @@ def gemv_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]
     return out
 
 
+def int4_gemv_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
+    """The batch-1 INT4 GEMV (quant/fused_gemv.py), inline PTX included, per fusion."""
+    out = []
+    fusions = (
+        ("plain", False, gemv.EPI_NONE, True, True),
+        ("norm", True, gemv.EPI_NONE, True, False),
+        ("norm_glu", True, gemv.EPI_GLU, False, False),
+        ("residual", False, gemv.EPI_RESIDUAL, False, True),
+    )
+    for dtype, (label, norm, epilogue, bias, pairs), split in itertools.product(
+        ("fp16", "bf16"), fusions, (1, 4)
+    ):
+        types = {
+            "X": f"*{dtype}", "X32": "*i32" if pairs and dtype == "fp16" else f"*{dtype}",
+            "QW": "*i32", "S": "*fp16", "B": "*fp16", "Y": f"*{dtype}", "NW": f"*{dtype}",
+            "WS": "*fp32", "LOCK": "*i32", "N": "i32", "stride_s": "i32", "eps": "fp32",
+        }  # fmt: skip
+        consts = dict(
+            K=4096, STEPS=8 // split, HAS_BIAS=bias, NORM=norm, EPILOGUE=epilogue,
+            PAIRS=pairs and dtype == "fp16", BLOCK_N=16, GROUPS=4, SPLIT_K=split, USE_ASM=True,
+            NORM_BLOCK=1024,
+        )  # fmt: skip
+        name = f"int4 gemv {dtype} {label} split={split}"
+        out.append((name, fused_gemv.int4_gemv_kernel, types, consts, 4))
+    return out
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile_kernels: unset TRITON_INTERPRET (the interpreter compiles nothing)")
         return 2
-    variants = attention_variants() + gemv_variants()
+    variants = attention_variants() + gemv_variants() + int4_gemv_variants()
     started = time.perf_counter()
     for target in TARGETS:
         for name, fn, types, consts, warps in variants:

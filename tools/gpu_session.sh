@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [tests] [int4-tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
@@ -40,9 +40,11 @@ for step in ${*:-tests int4 typing decode}; do
     tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
            grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | cut -c1-160 | head -20 ;;
-    int4) run int4 160 python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;
+    int4-tests) TAIL=8 run int4-tests ${INT4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q -x \
+                  tests/gpu/test_int4_fused_gemv.py ;;
+    int4) run int4 ${INT4_CAP:-160} python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;
     typing) run typing 100 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda --max-chars 1500 ;;
-    decode) TAIL=16 run decode 400 python3 bench/decode.py --out bench/results --reps 2 \
+    decode) TAIL=16 run decode ${DECODE_CAP:-400} python3 bench/decode.py --out bench/results --reps 2 \
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
     wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
     speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;

@@ -26,6 +26,7 @@ block) measured ~11 µs per layer at L = 300 on the H200.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -33,40 +34,60 @@ import triton.language as tl
 
 
 @triton.jit
+def _merge_pass(O_PART, ML_PART, rows, g_ok, sp, d, used, m_run, l_run, acc, D: tl.constexpr):
+    """Fold splits sp [MERGE_BLOCK] of every head into the running max, sum and output."""
+    ok = g_ok[:, None] & (sp < used)[None, :]  # [GM, MB]
+    r = rows[:, None] + sp[None, :]
+    m_p = tl.load(ML_PART + r * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l_p = tl.load(ML_PART + r * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    o_p = tl.load(
+        O_PART + r[:, :, None] * D + d[None, None, :], mask=ok[:, :, None],
+        other=0.0, cache_modifier=".cg",
+    )  # fmt: skip
+    m_new = tl.maximum(m_run, tl.max(m_p, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded heads: no NaN
+    alpha = tl.exp(m_run - m_safe)
+    w = tl.where(ok, tl.exp(m_p - m_safe[:, None]), 0.0)
+    l_run = l_run * alpha + tl.sum(w * l_p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(o_p * w[:, :, None], axis=1)
+    return m_new, l_run, acc
+
+
+@triton.jit
 def _merge(
     O_PART, ML_PART, OUT, kvh, t, T, used,
     H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-    SPLITS: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr, GM: tl.constexpr, MERGE_BLOCK: tl.constexpr, DYNAMIC: tl.constexpr,
 ):  # fmt: skip
-    """Combine the `used` split partials of each query head of KV head kvh, token t."""
+    """Combine the `used` split partials of every query head of KV head kvh, token t:
+    all GROUP heads at once as a [GM, MERGE_BLOCK, D] tile per pass (independent loads,
+    one memory round trip per pass rather than one per head)."""
     d = tl.arange(0, D)
+    g = tl.arange(0, GM)
+    g_ok = g < GROUP
     sb = tl.arange(0, MERGE_BLOCK)
-    for j in tl.static_range(GROUP):
-        h = kvh * GROUP + j
-        rows = (t * H + h) * SPLITS
-        m_run = tl.max(tl.full((MERGE_BLOCK,), float("-inf"), tl.float32), axis=0)
-        l_run = tl.sum(tl.zeros((MERGE_BLOCK,), tl.float32), axis=0)
-        acc = tl.zeros((D,), tl.float32)
-        # A static bound (the interpreter cannot loop to a loaded value); splits past
-        # `used` are masked and read nothing.
-        for s0 in range(0, SPLITS, MERGE_BLOCK):
-            sp = s0 + sb
-            ok = sp < used
-            m_p = tl.load(
-                ML_PART + (rows + sp) * 2, mask=ok, other=float("-inf"), cache_modifier=".cg"
+    rows = (t * H + kvh * GROUP + g) * SPLITS  # [GM] first partial row of each head
+    m_run = tl.full((GM,), float("-inf"), tl.float32)
+    l_run = tl.zeros((GM,), tl.float32)
+    acc = tl.zeros((GM, D), tl.float32)
+    # On the GPU the loop stops at `used`; the interpreter cannot loop to a loaded value,
+    # so there it runs to the static bound, splits past `used` masked.
+    if DYNAMIC:
+        for s0 in range(0, used, MERGE_BLOCK):
+            m_run, l_run, acc = _merge_pass(
+                O_PART, ML_PART, rows, g_ok, s0 + sb, d, used, m_run, l_run, acc, D
             )
-            l_p = tl.load(ML_PART + (rows + sp) * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-            o_p = tl.load(
-                O_PART + (rows + sp)[:, None] * D + d[None, :], mask=ok[:, None],
-                other=0.0, cache_modifier=".cg",
-            )  # fmt: skip
-            m_new = tl.maximum(m_run, tl.max(m_p, axis=0))
-            alpha = tl.exp(m_run - m_new)
-            w = tl.where(ok, tl.exp(m_p - m_new), 0.0)
-            l_run = l_run * alpha + tl.sum(w * l_p, axis=0)
-            acc = acc * alpha + tl.sum(o_p * w[:, None], axis=0)
-            m_run = m_new
-        tl.store(OUT + (h * T + t) * D + d, (acc / l_run).to(OUT.dtype.element_ty))
+    else:
+        for s0 in range(0, SPLITS, MERGE_BLOCK):
+            m_run, l_run, acc = _merge_pass(
+                O_PART, ML_PART, rows, g_ok, s0 + sb, d, used, m_run, l_run, acc, D
+            )
+    h = kvh * GROUP + g
+    out = acc / tl.where(g_ok, l_run, 1.0)[:, None]
+    tl.store(
+        OUT + (h[:, None] * T + t) * D + d[None, :], out.to(OUT.dtype.element_ty),
+        mask=g_ok[:, None],
+    )  # fmt: skip
 
 
 @triton.jit
@@ -75,7 +96,7 @@ def _decode_attention_kernel(
     S, sm_scale,
     H: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     CHUNK: tl.constexpr, SPLITS: tl.constexpr, MERGE_BLOCK: tl.constexpr,
-    GP: tl.constexpr,
+    GP: tl.constexpr, GM: tl.constexpr, DYNAMIC: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     split = tl.program_id(1)
@@ -126,7 +147,9 @@ def _decode_attention_kernel(
         used = (length + CHUNK - 1) // CHUNK
         arrived = tl.atomic_add(LOCK + t * KVH + kvh, 1, sem="acq_rel", scope="gpu")
         if arrived == used - 1:
-            _merge(O_PART, ML_PART, OUT, kvh, t, T, used, H, GROUP, D, SPLITS, MERGE_BLOCK)
+            _merge(
+                O_PART, ML_PART, OUT, kvh, t, T, used, H, GROUP, D, SPLITS, GM, MERGE_BLOCK, DYNAMIC
+            )
             tl.atomic_xchg(LOCK + t * KVH + kvh, 0, sem="relaxed", scope="gpu")
 
 
@@ -164,7 +187,10 @@ class DecodeAttention:
         # Zero between launches: the merging program resets its counter.
         self.lock = torch.zeros(max_queries * num_kv_heads, dtype=torch.int32, device=device)
         self.sm_scale = 1.0 / math.sqrt(head_dim)
-        self.merge_block = min(64, triton.next_power_of_2(self.splits))
+        # The merge reads [GM, MERGE_BLOCK, D] fp32 per pass: ~64 KB across the program.
+        self.gm = triton.next_power_of_2(self.group)
+        self.merge_block = max(1, min(64 // self.gm, triton.next_power_of_2(self.splits)))
+        self.dynamic = os.environ.get("TRITON_INTERPRET") != "1"
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
@@ -181,7 +207,7 @@ class DecodeAttention:
             k_cache.shape[2], self.sm_scale,
             H=self.num_heads, KVH=self.num_kv_heads, GROUP=self.group, D=self.head_dim,
             CHUNK=self.chunk, SPLITS=self.splits, MERGE_BLOCK=self.merge_block,
-            GP=max(16, triton.next_power_of_2(self.group)),
+            GP=max(16, triton.next_power_of_2(self.group)), GM=self.gm, DYNAMIC=self.dynamic,
             num_warps=4,
         )  # fmt: skip
         return out

@@ -295,6 +295,20 @@ class GemvLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gemv_linear(x, self.weight, self.bias, self.config, self.buffers)
 
+    def norm_forward(
+        self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
+    ) -> torch.Tensor:
+        """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
+        assert self.fused is not None
+        return norm_gemv(
+            h, norm_weight, eps, self.weight, self.bias, self.fused, glu, self.fused_buffers
+        )
+
+    def residual_forward(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """The fused kernel: residual += self(x), in place."""
+        assert self.fused is not None
+        gemv_residual(x, self.weight, self.bias, residual, self.fused, self.fused_buffers)
+
     def kernel(self, rows: int) -> str:
         """The kernel an input of `rows` rows runs on."""
         if rows == 1 and self.fused is not None:

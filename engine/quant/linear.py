@@ -7,6 +7,8 @@ model code calls it exactly as it calls nn.Linear.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -34,6 +36,14 @@ class Int4Linear(nn.Module):
         # The PyTorch reference even on CUDA: set on GPUs below the kernels' compute
         # capability when --allow-reference-fallback asks for it (see engine/versions.py).
         self.use_reference = False
+        # The batch-1 GEMV (quant/fused_gemv.py), set on the GPU by `use_gemv`: tile
+        # configs for the plain product (`m1`) and for the fused glue (`fused`, named by
+        # `fusion` as in kernels/gemv.py's FUSIONS), and their split-K buffers.
+        self.m1: Any = None
+        self.fusion = ""
+        self.fused: Any = None
+        self.buffers: Any = None
+        self.fused_buffers: Any = None
 
     @classmethod
     def from_weight(
@@ -46,6 +56,46 @@ class Int4Linear(nn.Module):
         module = cls(weight, bias, name)
         return module if device is None else module.to(device)
 
+    def use_gemv(self, m1: Any, fusion: str = "", fused: Any = None) -> None:
+        """Run one-row inputs on the batch-1 GEMV with these Int4GemvConfigs (None: the
+        general kernels); `fused` enables the fused glue named by `fusion`."""
+        from nib.engine.quant.fused_gemv import split_buffers
+
+        device = self.qweight.device
+        self.m1 = m1
+        self.fusion = fusion if fused is not None else ""
+        self.fused = fused
+        self.buffers = None if m1 is None else split_buffers(self.out_features, m1, device)
+        fused_n = self.out_features // 2 if self.fusion == "norm_glu" else self.out_features
+        self.fused_buffers = None if fused is None else split_buffers(fused_n, fused, device)
+
+    def kernel(self, rows: int) -> str | None:
+        """The batch-1 GEMV's label for one row (with its fusion), else None."""
+        if rows != 1 or self.use_reference or self.qweight.device.type != "cuda":
+            return None
+        if self.fused is not None:
+            return f"{self.fused.label()} +{self.fusion}"
+        return None if self.m1 is None else str(self.m1.label())
+
+    def norm_forward(
+        self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
+    ) -> torch.Tensor:
+        """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
+        from nib.engine.quant.fused_gemv import norm_gemv
+
+        return norm_gemv(
+            h, norm_weight, eps, self.qweight, self.scales, self.bias, self.fused, glu,
+            self.fused_buffers,
+        )  # fmt: skip
+
+    def residual_forward(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """The fused kernel: residual += self(x), in place."""
+        from nib.engine.quant.fused_gemv import gemv_residual
+
+        gemv_residual(
+            x, self.qweight, self.scales, self.bias, residual, self.fused, self.fused_buffers
+        )
+
     def int4_weight(self) -> Int4Weight:
         """The logical codes and scales (to write a checkpoint)."""
         return Int4Weight(unpack(self.qweight), self.scales)
@@ -56,6 +106,10 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and not self.use_reference:
+            if self.m1 is not None and x.numel() == self.in_features:
+                from nib.engine.quant.fused_gemv import gemv
+
+                return gemv(x, self.qweight, self.scales, self.bias, self.m1, self.buffers)
             from nib.engine.quant.kernels import int4_linear
 
             return int4_linear(x, self.qweight, self.scales, self.bias)
