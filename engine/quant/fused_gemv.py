@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -51,10 +51,15 @@ class Int4GemvConfig:
     groups: int  # groups of 128 inputs per loop step
     num_warps: int
     split_k: int = 1
+    # The norm as its own kernel (kernels/norm.py) before the GEMV, instead of inside it:
+    # the fused norm converts the input per thread and step, which can cost more than a
+    # launch where few rows share a thread's columns. Timing decides per layer.
+    prenorm: bool = False
 
     def label(self) -> str:
         split = f"s{self.split_k}" if self.split_k > 1 else ""
-        return f"int4-gemv-{self.block_n}x{self.groups * 128}w{self.num_warps}{split}"
+        pre = "rms_norm, " if self.prenorm else ""
+        return f"{pre}int4-gemv-{self.block_n}x{self.groups * 128}w{self.num_warps}{split}"
 
 
 # Tried per layer shape at start-up, with bench/int4_linear.py's winner for the shape
@@ -93,11 +98,12 @@ def _x_pairs(X, X32, NW, word, ok, inv, NORM: tl.constexpr, PAIRS: tl.constexpr)
     """The four activation pairs of each word (inputs 8w + 2J, 8w + 2J + 1, J = 0..3) as
     fp16x2 in int32 tensors shaped like `word`; normalised as the unfused path rounds
     them (NORM: normalise in fp32, round to X's dtype, times NW, round)."""
-    if PAIRS:  # fp16 input used as is: a pair is one 32-bit load
-        x0 = tl.load(X32 + word * 4, mask=ok, other=0)
-        x1 = tl.load(X32 + word * 4 + 1, mask=ok, other=0)
-        x2 = tl.load(X32 + word * 4 + 2, mask=ok, other=0)
-        x3 = tl.load(X32 + word * 4 + 3, mask=ok, other=0)
+    if PAIRS:  # fp16 input used as is: a word's four pairs are one 16-byte load
+        idx = word[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+        pairs = tl.load(X32 + idx, mask=ok[:, :, None], other=0)
+        even, odd = tl.split(tl.reshape(pairs, (word.shape[0], word.shape[1], 2, 2)))
+        x0, x2 = tl.split(even)
+        x1, x3 = tl.split(odd)
     else:
         # A word's 8 inputs are 16 contiguous bytes: one vector load, then split in pairs.
         idx = word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]
@@ -304,6 +310,24 @@ def norm_gemv(
     if glu and bias is not None:
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
     y = torch.empty(n, dtype=h.dtype, device=h.device)
+    if cfg.prenorm:
+        from nib.engine.kernels.norm import rms_norm
+
+        xn = rms_norm(h.reshape(1, -1), norm_weight, eps)
+        epilogue = EPI_GLU if glu else EPI_NONE
+        launch(
+            xn,
+            qweight,
+            scales,
+            bias,
+            y,
+            n,
+            cfg,
+            epilogue=epilogue,
+            buffers=buffers,
+            use_asm=use_asm,
+        )
+        return y.view(*h.shape[:-1], n)
     launch(
         h.contiguous(), qweight, scales, bias, y, n, cfg, norm_weight, eps,
         EPI_GLU if glu else EPI_NONE, buffers, use_asm,
@@ -415,13 +439,16 @@ def swap_in_int4_gemv(
             plain = _best(calls)
             for fusion in fusions:
                 members = [m for n, m in group if fusion_of(n) == fusion]
+                tried = candidates
+                if fusion.startswith("norm"):
+                    tried += tuple(replace(c, prenorm=True) for c in candidates)
                 fused[fusion] = _best(
                     {
                         cfg: [
                             fused_call(fusion, m.qweight, m.scales, m.bias, cfg, x, scratch)
                             for m in members
                         ]
-                        for cfg in candidates
+                        for cfg in tried
                     }
                 )
         for name, m in group:

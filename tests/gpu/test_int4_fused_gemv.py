@@ -9,6 +9,8 @@ through a 16-bit GLU) and no element off by more than 1% of the largest.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -37,7 +39,7 @@ def _check(layer: str, cfg: fg.Int4GemvConfig, fusion: str, dtype: torch.dtype) 
         ref = residual.float() + (x.half().float() @ w32.t() + b)
     elif fusion:
         out = torch.full((n,), float("nan"), device="cuda", dtype=dtype)
-        fg.launch(x, qweight, scales, bias, out, n, cfg, nw, EPS, fg.EPI_GLU if glu else 0)
+        out.copy_(fg.norm_gemv(x, nw, EPS, qweight, scales, bias, cfg, glu).view(-1))
         hf = x.float()
         xn = (nw * (hf * torch.rsqrt(hf.pow(2).mean() + EPS)).to(dtype)).half().float()
         ref = xn @ w32.t() + b
@@ -64,6 +66,8 @@ def test_every_candidate_matches_the_reference(layer: str) -> None:
     for cfg in fg.CANDIDATES:
         _check(layer, cfg, "", torch.float16)
         _check(layer, cfg, fusion, torch.float16)
+        if fusion.startswith("norm"):
+            _check(layer, replace(cfg, prenorm=True), fusion, torch.float16)
 
 
 @pytest.mark.parametrize("fusion", ["", "norm", "norm_glu", "residual"])

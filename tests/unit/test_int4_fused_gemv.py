@@ -27,6 +27,7 @@ CONFIGS = [
     fg.Int4GemvConfig(8, 2, 4),
     fg.Int4GemvConfig(16, 1, 4, 3),
     fg.Int4GemvConfig(4, 4, 2, 2),
+    fg.Int4GemvConfig(8, 2, 4, prenorm=True),  # the norm as its own kernel first
 ]
 EPS = 1e-6
 
