@@ -30,7 +30,7 @@ class KernelPath:
     layer: str  # module name, e.g. "layers.0-31.attention.wqkv" or "output"
     op: str  # linear, rms_norm, rope_cache, silu_mul, attention.*, sampling
     rows: str  # input rows this entry covers: "1", "2-16", "any"
-    kernel: str  # e.g. "gemv-8x256w4", "cublas", "int4 gemv m1 n8g2 s1 w4 st2 asm", "torch"
+    kernel: str  # e.g. "gemv-8x256w4", "cublas", "int4 gemv1 16x512w4 +norm", "torch"
     graphs: str = ""  # the graphs it runs in ("" on the CPU)
     fallback: bool = False  # a slower path than the one chosen for this GPU
 

@@ -58,8 +58,8 @@ class Int4GemvConfig:
 
     def label(self) -> str:
         split = f"s{self.split_k}" if self.split_k > 1 else ""
-        pre = "rms_norm, " if self.prenorm else ""
-        return f"{pre}int4-gemv-{self.block_n}x{self.groups * 128}w{self.num_warps}{split}"
+        kernel = "rms_norm+gemv1" if self.prenorm else "gemv1"
+        return f"int4 {kernel} {self.block_n}x{self.groups * 128}w{self.num_warps}{split}"
 
 
 # Tried per layer shape at start-up, with bench/int4_linear.py's winner for the shape

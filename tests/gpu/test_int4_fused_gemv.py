@@ -55,9 +55,13 @@ def _check(layer: str, cfg: fg.Int4GemvConfig, fusion: str, dtype: torch.dtype) 
     err = out.float() - ref
     rel = float(err.norm() / ref.norm())
     worst = float(err.abs().max() / ref.abs().max())
-    # The output is rounded to 16 bits (bf16: 2^-9 relative); the GLU rounds three times.
+    # The output is rounded to 16 bits (bf16: 2^-9 relative); the GLU rounds three times,
+    # and where a bf16 rounding of gate or up flips, the product moves by up to two ulps.
     bound = (1e-3 if dtype == torch.float16 else 4e-3) * (2 if glu else 1)
-    assert rel <= bound and worst <= 1e-2, f"{layer} {cfg.label()} {fusion}: {rel:.2e} {worst:.2e}"
+    worst_bound = 2.5e-2 if glu and dtype == torch.bfloat16 else 1e-2
+    assert rel <= bound and worst <= worst_bound, (
+        f"{layer} {cfg.label()} {fusion}: {rel:.2e} {worst:.2e}"
+    )
 
 
 def _fusion(layer: str) -> str:
@@ -147,7 +151,7 @@ def test_model_with_fused_int4_gemv_matches_the_general_kernels(
 
     model.ops = TritonOps()
     labels = swap_in_int4_gemv(model, tune=False)
-    assert all("int4-gemv" in v for v in labels.values()), labels
+    assert all(v.startswith("int4 gemv1 ") for v in labels.values()), labels
     fused_logits, fused_tokens = greedy(16)
     for m in model.modules():
         if isinstance(m, Int4Linear):

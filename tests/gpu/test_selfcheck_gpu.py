@@ -80,8 +80,10 @@ def test_self_check_passes_on_every_int4_path(int4: Engine) -> None:
     report = int4.selfcheck
     assert report.status is SelfCheckStatus.PASSED, report.summary()
     int4_checks = [c for c in report.checks if c.kernel == "int4_linear"]
-    paths = {c.path.split()[1] for c in int4_checks}  # "int4 gemv m1 ..." -> gemv
-    assert {"gemv", "mma"} <= paths, paths  # decode and the 2..16-row graphs
+    paths = {c.path.split()[1] for c in int4_checks}  # "int4 gemv1 16x512w4 +norm" -> gemv1
+    assert {"gemv1", "mma"} <= paths, paths  # decode (batch-1 GEMV) and the 2..16-row graphs
+    fused = {c.path.split()[-1] for c in int4_checks if c.path.split()[1] == "gemv1"}
+    assert {"+norm", "+norm_glu", "+residual"} <= fused, fused
     assert all(c.error <= c.tolerance for c in int4_checks)
     linear = [p for p in int4.kernel_paths if p.op == "linear"]
     assert linear and all(p.kernel.startswith("int4 ") for p in linear)
