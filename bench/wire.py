@@ -246,6 +246,14 @@ def issue_6(row: dict[str, object]) -> list[str]:
     return misses
 
 
+def _versions(device: str) -> dict[str, str]:
+    """The GPU's name and the torch version of this host, for the result file."""
+    import torch
+
+    name = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else "cpu"
+    return {"gpu": name, "torch": torch.__version__}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -299,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         != (shape, args.device, args.serve_arg)
     ]
     result["rows"].append(row)
+    result.update(_versions(args.device))
     result.setdefault("commands", []).append(
         "python3 bench/wire.py " + " ".join(argv if argv is not None else sys.argv[1:])
     )
