@@ -42,6 +42,10 @@ REAP_TIMEOUT_S = 60.0
 # so that tokenising never competes with more than this much of the engine's CPU and
 # the server's thread count does not drift with load.
 TOKENIZER_THREADS = 2
+# Prompts up to this many characters are tokenised on the event loop (about 1 ms at
+# most); longer ones on the tokenizer threads, so one huge prompt cannot stall
+# every other stream.
+INLINE_TOKENIZE_CHARS = 4096
 SHUTDOWN_MESSAGE = "server is shutting down: generation cancelled at the end of the drain period"
 CAUSE_STATUS: dict[str, grpc.StatusCode] = {
     "client_gone": grpc.StatusCode.CANCELLED,
@@ -168,10 +172,15 @@ class Ledger:
                 raise EngineUnavailable("engine is warming up; watch health for SERVING")
             spec = convert.spec_from_pb(request, self.limits)
             request_id = spec.request_id
-            loop = asyncio.get_running_loop()
-            ids = await loop.run_in_executor(
-                self._tokenizer, self.engine.encode_prompt, spec.prompt
-            )
+            prompt = spec.prompt
+            size = len(prompt.text or "") + len(prompt.prefix) + len(prompt.suffix)
+            if size <= INLINE_TOKENIZE_CHARS:
+                # A typical editor prompt tokenises in ~0.3 ms: cheaper on the loop than
+                # the ~0.3 ms round trip to a tokenizer thread, on the time to first token.
+                ids = self.engine.encode_prompt(prompt)
+            else:
+                loop = asyncio.get_running_loop()
+                ids = await loop.run_in_executor(self._tokenizer, self.engine.encode_prompt, prompt)
             completion = Completion(self.engine, ids, spec.params, spec.request_id, caller.session)
         except EngineError as exc:
             self.rejected(request_id, caller, status_for(exc), str(exc))
