@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -163,13 +164,17 @@ def _gemv_kernel(
 SplitBuffers = tuple[torch.Tensor, torch.Tensor]  # (fp32 partials, int32 counters)
 
 
-def split_buffers(n: int, cfg: GemvConfig, device: torch.device) -> SplitBuffers | None:
+def split_buffers(
+    n: int, cfg: GemvConfig | Any, device: torch.device, parts: int = 3
+) -> SplitBuffers | None:
     """The split-K workspace and counters one layer needs for cfg (None without split):
-    allocated once per layer, since a captured graph keeps their addresses."""
+    allocated once per layer, since a captured graph keeps their addresses. `parts`
+    fp32 vectors of n per split (here: plain/gate, up, sums of squares); cfg is any
+    tile config with block_n and split_k (quant/fused_gemv.py's too)."""
     if cfg.split_k == 1:
         return None
     return (
-        torch.empty(cfg.split_k * 3 * n, dtype=torch.float32, device=device),
+        torch.empty(cfg.split_k * parts * n, dtype=torch.float32, device=device),
         torch.zeros(triton.cdiv(n, cfg.block_n), dtype=torch.int32, device=device),
     )
 

@@ -39,7 +39,14 @@ import torch
 import triton
 import triton.language as tl
 
-from nib.engine.kernels.gemv import EPI_GLU, EPI_NONE, EPI_RESIDUAL, _epilogue
+from nib.engine.kernels.gemv import (
+    EPI_GLU,
+    EPI_NONE,
+    EPI_RESIDUAL,
+    SplitBuffers,
+    _epilogue,
+)
+from nib.engine.kernels.gemv import split_buffers as gemv_split_buffers
 from nib.engine.quant.triton_dequant import dequant_pairs, dot8
 
 log = logging.getLogger("nib.engine")
@@ -224,18 +231,10 @@ def int4_gemv_kernel(
             tl.atomic_xchg(LOCK + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-Buffers = tuple[torch.Tensor, torch.Tensor]  # (fp32 partials, int32 counters)
-
-
-def split_buffers(n: int, cfg: Int4GemvConfig, device: torch.device) -> Buffers | None:
-    """One layer's split-K workspace and counters (None without split), allocated once:
-    a captured graph keeps their addresses."""
-    if cfg.split_k == 1:
-        return None
-    return (
-        torch.empty(cfg.split_k * 2 * n, dtype=torch.float32, device=device),
-        torch.zeros(triton.cdiv(n, cfg.block_n), dtype=torch.int32, device=device),
-    )
+def split_buffers(n: int, cfg: Int4GemvConfig, device: torch.device) -> SplitBuffers | None:
+    """One layer's split-K workspace (plain/gate and up partials) and counters, as
+    kernels/gemv.py allocates them (None without split)."""
+    return gemv_split_buffers(n, cfg, device, parts=2)
 
 
 def _steps(k: int, cfg: Int4GemvConfig) -> int:
@@ -253,7 +252,7 @@ def launch(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     epilogue: int = EPI_NONE,
-    buffers: Buffers | None = None,
+    buffers: SplitBuffers | None = None,
     use_asm: bool = True,
 ) -> None:
     """out[:n] = (epilogue of) W x: x holds one row of K (fp16 or bf16), contiguous."""
@@ -282,7 +281,7 @@ def gemv(
     scales: torch.Tensor,
     bias: torch.Tensor | None,
     cfg: Int4GemvConfig,
-    buffers: Buffers | None = None,
+    buffers: SplitBuffers | None = None,
     use_asm: bool = True,
 ) -> torch.Tensor:
     """x [..., K] holding one row -> [..., N] in x's dtype."""
@@ -301,7 +300,7 @@ def norm_gemv(
     bias: torch.Tensor | None,
     cfg: Int4GemvConfig,
     glu: bool = False,
-    buffers: Buffers | None = None,
+    buffers: SplitBuffers | None = None,
     use_asm: bool = True,
 ) -> torch.Tensor:
     """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
@@ -342,7 +341,7 @@ def gemv_residual(
     bias: torch.Tensor | None,
     residual: torch.Tensor,
     cfg: Int4GemvConfig,
-    buffers: Buffers | None = None,
+    buffers: SplitBuffers | None = None,
     use_asm: bool = True,
 ) -> None:
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
@@ -418,9 +417,10 @@ def swap_in_int4_gemv(
     for name, m in mods:
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))
     labels: dict[tuple[int, int], str] = {}
+    dtype = next(model.parameters()).dtype
+    winners = tuned() if tune else {}
     for shape, group in by_shape.items():
         device = group[0][1].qweight.device
-        dtype = next(model.parameters()).dtype
         x = torch.randn(shape[1], device=device, dtype=dtype)
         scratch = torch.zeros(shape[0], device=device, dtype=dtype)
         fusions = {fusion_of(n) for n, _ in group} - {""} if fuse else set()
@@ -430,7 +430,7 @@ def swap_in_int4_gemv(
             calls: dict[Int4GemvConfig | None, list[Callable[[], object]]] = {
                 None: [partial(int4_linear, x[None], m.qweight, m.scales, m.bias) for _, m in group]
             }
-            winner = tuned().get(shape)
+            winner = winners.get(shape)
             candidates = tuple(dict.fromkeys((*CANDIDATES, *([winner] if winner else []))))
             for cfg in candidates:
                 calls[cfg] = [
