@@ -1,0 +1,127 @@
+// Shared device helpers for nib's CUDA kernels. No CUDA headers: everything the
+// kernels need is a builtin or a line of PTX, so a file compiles the same with
+// nvcc and with NVRTC, and the PTX in the disassembly is the PTX written here.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+#define NIB_DEVICE __device__ __forceinline__
+
+// ---- loads -------------------------------------------------------------------
+// Weights stream through once: read-only path, no L1 allocation.
+NIB_DEVICE uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// Small read-only operands (activations, scales, norm weights): cached.
+NIB_DEVICE uint4 ld_nc(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+NIB_DEVICE u32 ld_nc_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+// Data other blocks of this launch wrote (split-K partials): from L2, past L1.
+NIB_DEVICE float ld_cg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+NIB_DEVICE float4 ld_cg4(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+// ---- 16-bit floats -------------------------------------------------------------
+NIB_DEVICE float h2f(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+NIB_DEVICE u16 f2h(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+NIB_DEVICE float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+NIB_DEVICE u16 f2bf(float f) {
+  u16 b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+}
+// A value of the activation dtype (bf16 when is_bf16, else fp16) <-> fp32.
+NIB_DEVICE float act2f(u16 v, bool is_bf16) { return is_bf16 ? bf2f(v) : h2f(v); }
+NIB_DEVICE u16 f2act(float f, bool is_bf16) { return is_bf16 ? f2bf(f) : f2h(f); }
+// Round f to the activation dtype and back (the reference's rounding points).
+NIB_DEVICE float round_act(float f, bool is_bf16) { return act2f(f2act(f, is_bf16), is_bf16); }
+NIB_DEVICE u32 pack_h2(float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+NIB_DEVICE float lo_h2f(u32 v) { return h2f((u16)(v & 0xffff)); }
+NIB_DEVICE float hi_h2f(u32 v) { return h2f((u16)(v >> 16)); }
+
+// ---- bit tricks ----------------------------------------------------------------
+template <int LUT>
+NIB_DEVICE u32 lop3(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+}
+NIB_DEVICE u32 hsub2(u32 a, u32 b) {
+  u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+NIB_DEVICE u32 hfma2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// ---- tensor cores --------------------------------------------------------------
+// D = A B + C, m16n8k16, fp16 inputs, fp32 accumulators (PTX ISA fragment layouts:
+// a lane (g = lane / 4, t = lane % 4) holds A rows g and g + 8, B column g, C rows
+// g and g + 8 at columns 2t and 2t + 1).
+NIB_DEVICE void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- reductions ----------------------------------------------------------------
+NIB_DEVICE float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+NIB_DEVICE float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block; `scratch` holds at least 32 floats. Every thread gets the sum.
+NIB_DEVICE float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by an earlier call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = lane < warps ? scratch[lane] : 0.f;
+  return warp_sum(s);
+}
+
+NIB_DEVICE float silu(float g) { return g / (1.f + __expf(-g)); }

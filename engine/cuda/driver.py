@@ -1,0 +1,177 @@
+"""The CUDA driver API through ctypes: load a cubin, launch its kernels on torch's stream.
+
+Only what nib needs: load a module image into the device's primary context (the
+one PyTorch uses), look up a kernel, raise its shared-memory limit, launch it
+with one argument struct on a stream. A launch on a stream that is being
+captured becomes a node of the graph, exactly like PyTorch's own kernels.
+Every call's status is checked; a failure raises `CudaError` naming the call
+and the driver's error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from functools import cache
+from typing import Any
+
+import torch
+
+CUDA_ERROR_INVALID_CONTEXT = 201
+CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+@cache
+def lib() -> ctypes.CDLL:
+    """libcuda, the driver library (it comes with the NVIDIA driver, not the toolkit)."""
+    names = ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")]
+    errors = []
+    for name in names:
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+    raise CudaError("cannot load the CUDA driver library: " + "; ".join(errors))
+
+
+def _error_name(rc: int) -> str:
+    name = ctypes.c_char_p()
+    if lib().cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value:
+        return name.value.decode()
+    return f"CUDA error {rc}"
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise CudaError(f"{what} failed: {_error_name(rc)} ({rc})")
+
+
+_context_lock = threading.Lock()
+
+
+def ensure_context(device: torch.device) -> None:
+    """Make the device's primary context (PyTorch's) current on this thread."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        torch.zeros(1, device=f"cuda:{index}")  # PyTorch creates the primary context
+        ctx = ctypes.c_void_p()
+        check(lib().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        dev = ctypes.c_int()
+        check(lib().cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        primary = ctypes.c_void_p()
+        with _context_lock:
+            check(
+                lib().cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev),
+                "cuDevicePrimaryCtxRetain",
+            )
+            # Retained once per call: release again, PyTorch holds its own reference.
+            check(lib().cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+        if ctx.value != primary.value:
+            check(lib().cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+
+class Module:
+    """A loaded cubin on one device."""
+
+    def __init__(self, image: bytes, device: torch.device, name: str = "module") -> None:
+        ensure_context(device)
+        self.device = device
+        self.name = name
+        self._image = ctypes.create_string_buffer(image, len(image))
+        self.handle = ctypes.c_void_p()
+        check(lib().cuModuleLoadData(ctypes.byref(self.handle), self._image), f"loading {name}")
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        k = self._kernels.get(name)
+        if k is None:
+            k = self._kernels[name] = Kernel(self, name)
+        return k
+
+
+class Kernel:
+    """One `extern "C" __global__` function of a Module."""
+
+    def __init__(self, module: Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.handle = ctypes.c_void_p()
+        check(
+            lib().cuModuleGetFunction(ctypes.byref(self.handle), module.handle, name.encode()),
+            f"looking up kernel {name} in {module.name}",
+        )
+        self._smem_limit = 0
+
+    def attribute(self, attr: int) -> int:
+        value = ctypes.c_int()
+        check(
+            lib().cuFuncGetAttribute(ctypes.byref(value), attr, self.handle), "cuFuncGetAttribute"
+        )
+        return value.value
+
+    @property
+    def registers(self) -> int:
+        return self.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS)
+
+    @property
+    def local_bytes(self) -> int:
+        return self.attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+
+    def allow_shared(self, nbytes: int) -> None:
+        """Dynamic shared memory above the default 48 KB needs an opt-in per kernel."""
+        if nbytes > 48 * 1024 and nbytes > self._smem_limit:
+            check(
+                lib().cuFuncSetAttribute(
+                    self.handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
+                ),
+                f"raising {self.name}'s shared memory to {nbytes} bytes",
+            )
+            self._smem_limit = nbytes
+
+    def launch(
+        self,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        args: ctypes.Structure,
+        shared: int = 0,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
+        """Launch on `stream` (default: PyTorch's current stream on the module's device)
+        with one by-value argument struct (the kernel's only parameter)."""
+        g = (*grid, 1, 1)[:3]
+        b = (*block, 1, 1)[:3]
+        if min(g) < 1 or min(b) < 1:
+            raise ValueError(f"{self.name}: empty launch grid={grid} block={block}")
+        self.allow_shared(shared)
+        s = stream if stream is not None else torch.cuda.current_stream(self.module.device)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        rc = lib().cuLaunchKernel(
+            self.handle, *g, *b, shared, ctypes.c_void_p(s.cuda_stream), params, None
+        )
+        if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
+            ensure_context(self.module.device)
+            rc = lib().cuLaunchKernel(
+                self.handle, *g, *b, shared, ctypes.c_void_p(s.cuda_stream), params, None
+            )
+        check(rc, f"launching {self.name} grid={g} block={b} shared={shared}")
+
+
+def ptr(t: torch.Tensor | None) -> int:
+    """A tensor's device address for an argument struct (0 for None)."""
+    return 0 if t is None else int(t.data_ptr())
+
+
+def describe(args: ctypes.Structure) -> dict[str, Any]:
+    """An argument struct as a dict (for error messages and logs)."""
+    return {name: getattr(args, name) for name, _ in args._fields_}  # type: ignore[attr-defined]

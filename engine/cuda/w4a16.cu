@@ -1,0 +1,428 @@
+// INT4 weights x 16-bit activations on the tensor cores, for 1 to 16 rows.
+//
+// The weight is W [N, K]: symmetric 4-bit codes q (W = s * (q - 8)), one fp16 scale s
+// per output and group of 128 inputs. w4a16.py packs it once after loading into the
+// order this kernel reads ("mma16"):
+//
+//   qw  uint4 [N/16 tiles][K/64 chunks][32 lanes]: lane (g = lane/4, t = lane%4) of a
+//       16-row tile gets, for one chunk of 64 inputs, exactly its m16n8k16 A fragments
+//       of four k-steps: word j holds rows g and g+8 at inputs c*64 + 16t + 4j + {0..3},
+//       nibbles at bits {0,16,8,24} (row g) and {4,20,12,28} (row g+8), so that
+//       lop3 with 0x000f000f / 0x00f000f0 and 0x64006400 gives the four fp16x2
+//       registers (the 1024.0-mantissa trick) without any shuffle.
+//   sc  u32 [tiles][K/128 groups][8]: fp16x2 (scale of row g, scale of row g+8).
+//
+// Inside a chunk the 64 inputs are permuted (k-slot s of k-step j means input
+// 16t + 4j + ...), which the dot product does not see as long as the activations
+// use the same permutation: a lane's B fragments for a chunk are then its 16
+// contiguous activations, two 16-byte loads.
+//
+// Per 16-byte weight load a lane runs 4 x (4 lop3 + 4 fp16x2 ops + 1 mma) for 32
+// weights: ~1.3 instructions per weight, against ~3.9 that the issue rate allows at
+// the H200's copy bandwidth; the previous Triton kernel needed ~3.
+//
+// A block owns R tiles and a slice of K (one split); its warps take the slice's
+// groups in turn (warp w: groups w, w + WARPS, ...), keep PF groups of loads in
+// flight in registers, and accumulate each group in fp32 before applying its scale
+// (scale x sum of 128 products: no fp16 rounding of dequantised weights). Warps are
+// reduced through shared memory; split blocks write fp32 partials and the last one
+// to arrive (an atomic counter it resets) finishes. One launch, graph-safe.
+//
+// Rows: M = 1 stages the activation slice in shared memory as fp16, after the
+// optional RMSNorm (the block sums the squares of the whole row first); M = 2..16
+// reads fp16 activations from global memory (MT = 2 n8 tiles above 8 rows).
+// Epilogues: plain (+bias), residual add in place, SiLU(gate) * up (the "glu"
+// packing puts gate channels 8i..8i+7 on tile rows 0-7 and up channels on 8-15),
+// and plain output of a glu-packed weight in [gate | up] order.
+#include "common.cuh"
+
+struct W4Args {
+  const uint4* qw;
+  const u32* sc;
+  const void* x;      // M = 1: [K] fp16/bf16 (the residual stream when norm); else fp16 [m][x_stride]
+  const void* nw;     // [K] RMSNorm weight, x's dtype (norm only)
+  const void* bias;   // [n_out] output dtype, or null
+  void* y;            // [m][y_stride] output dtype
+  const void* res;    // residual input for epi 1 (usually y itself)
+  float* ws;          // split-K partials
+  int* counters;      // one per tile group, zero between launches
+  int tiles;          // N / 16
+  int k;
+  int m;
+  int x_stride;
+  int y_stride;
+  int inter;          // glu: intermediate size I (N = 2I)
+  int splits;
+  int groups_per_split;
+  int epi;            // 0 plain, 1 residual, 2 silu(gate)*up, 3 plain from a glu packing
+  int norm;
+  int x_bf16;
+  int y_bf16;
+  float eps;
+};
+
+enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_GLU = 2, EPI_GLU_PLAIN = 3 };
+
+NIB_DEVICE void dequant8(u32 q, u32 (&a)[4]) {
+  const u32 LO = 0x000f000fu, HI = 0x00f000f0u, EX = 0x64006400u;
+  const u32 SUB = 0x64086408u;  // 1032 = 1024 + 8 (the zero point)
+  const u32 MUL = 0x2c002c00u;  // 1/16
+  const u32 ADD = 0xd480d480u;  // -72 = -(1024 / 16 + 8)
+  const u32 lo0 = lop3<0xEA>(q, LO, EX);
+  const u32 hi0 = lop3<0xEA>(q, HI, EX);
+  q >>= 8;
+  const u32 lo1 = lop3<0xEA>(q, LO, EX);
+  const u32 hi1 = lop3<0xEA>(q, HI, EX);
+  a[0] = hsub2(lo0, SUB);
+  a[1] = hfma2(hi0, MUL, ADD);
+  a[2] = hsub2(lo1, SUB);
+  a[3] = hfma2(hi1, MUL, ADD);
+}
+
+// Logical output row of tile row rr (0..15) of tile t, for packings 0 (natural) and glu.
+NIB_DEVICE int out_row(int t, int rr, bool glu, int inter) {
+  if (!glu) return t * 16 + rr;
+  return rr < 8 ? t * 8 + rr : inter + t * 8 + rr - 8;
+}
+
+NIB_DEVICE void store_act(void* y, size_t i, float v, bool bf16) {
+  reinterpret_cast<u16*>(y)[i] = f2act(v, bf16);
+}
+NIB_DEVICE float load_act(const void* p, size_t i, bool bf16) {
+  return act2f(reinterpret_cast<const u16*>(p)[i], bf16);
+}
+
+// The epilogue for one lane's pair of values: rows rr0 = g and g + 8 of tile t, for
+// batch row b. v0/v1 are the finished fp32 sums.
+NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, float v1) {
+  if (b >= a.m) return;
+  const bool ybf = a.y_bf16 != 0;
+  const size_t yrow = (size_t)b * a.y_stride;
+  if (a.epi == EPI_GLU) {
+    const float gate = round_act(v0, ybf), up = round_act(v1, ybf);
+    const float act = round_act(silu(gate), ybf);
+    store_act(a.y, yrow + t * 8 + g, act * up, ybf);
+    return;
+  }
+  const bool glu = a.epi == EPI_GLU_PLAIN;
+  const int r0 = out_row(t, g, glu, a.inter), r1 = out_row(t, g + 8, glu, a.inter);
+  if (a.bias) {
+    v0 += load_act(a.bias, r0, ybf);
+    v1 += load_act(a.bias, r1, ybf);
+  }
+  if (a.epi == EPI_RESIDUAL) {
+    v0 = load_act(a.res, yrow + r0, ybf) + round_act(v0, ybf);
+    v1 = load_act(a.res, yrow + r1, ybf) + round_act(v1, ybf);
+  }
+  store_act(a.y, yrow + r0, v0, ybf);
+  store_act(a.y, yrow + r1, v1, ybf);
+}
+
+template <int MT, int R, int WARPS, int PF, bool SMEM_X>
+NIB_DEVICE void w4a16_body(const W4Args& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int FRAG = R * MT * 4;  // fp32 accumulators per lane
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int tile0 = blockIdx.x * R;
+  const int split = blockIdx.y;
+  const int n_groups = a.k >> 7;
+  const int chunks = a.k >> 6;
+  const int gb0 = split * a.groups_per_split;
+  const int gb1 = min(n_groups, gb0 + a.groups_per_split);
+  // This warp's groups: gb0 + warp + i * WARPS, i < n_w.
+  const int n_w = gb1 - gb0 - warp > 0 ? (gb1 - gb0 - warp + WARPS - 1) / WARPS : 0;
+
+  const uint4* qw[R];
+  const u32* sc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    qw[r] = a.qw + (size_t)(tile0 + r) * chunks * 32 + lane;
+    sc[r] = a.sc + (size_t)(tile0 + r) * n_groups * 8 + g;
+  }
+
+  uint4 wbuf[PF][R][2];
+  u32 sbuf[PF][R];
+  auto load = [&](int i, uint4 (&w)[R][2], u32 (&s)[R]) {
+    const int grp = gb0 + warp + i * WARPS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      w[r][0] = ld_stream(qw[r] + (size_t)(2 * grp) * 32);
+      w[r][1] = ld_stream(qw[r] + (size_t)(2 * grp + 1) * 32);
+      s[r] = ld_nc_u32(sc[r] + grp * 8);
+    }
+  };
+  // Weights first: their trip to memory overlaps the activation prologue.
+#pragma unroll
+  for (int p = 0; p < PF; ++p)
+    if (p < n_w) load(p, wbuf[p], sbuf[p]);
+
+  u16* xs = reinterpret_cast<u16*>(smem);
+  const int kslice = (gb1 - gb0) * 128;
+  float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
+  float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
+
+  if constexpr (SMEM_X) {
+    const bool xbf = a.x_bf16 != 0;
+    const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
+    float inv = 1.f;
+    if (a.norm) {
+      float ss = 0.f;
+      for (int i = threadIdx.x; i < (a.k >> 3); i += WARPS * 32) {
+        const uint4 v = ld_nc(x8 + i);
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+          ss += lo * lo + hi * hi;
+        }
+      }
+      ss = block_sum(ss, scratch);
+      inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
+    }
+    const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
+    for (int i = threadIdx.x; i < (kslice >> 3); i += WARPS * 32) {
+      const int gi = (gb0 * 128 >> 3) + i;
+      const uint4 v = ld_nc(x8 + gi);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      u32 nwv[4] = {0, 0, 0, 0};
+      if (a.norm) {
+        const uint4 nv = ld_nc(n8 + gi);
+        nwv[0] = nv.x, nwv[1] = nv.y, nwv[2] = nv.z, nwv[3] = nv.w;
+      }
+      u32 o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+        if (a.norm) {  // the unfused path's rounding: normalise, round, times weight, round
+          lo = round_act(round_act(lo * inv, xbf) * act2f((u16)(nwv[e] & 0xffff), xbf), xbf);
+          hi = round_act(round_act(hi * inv, xbf) * act2f((u16)(nwv[e] >> 16), xbf), xbf);
+        }
+        o[e] = pack_h2(lo, hi);
+      }
+      reinterpret_cast<uint4*>(xs)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    __syncthreads();
+  }
+
+  float acc[R][MT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
+
+  // The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words.
+  auto load_b = [&](int ch, int mt, u32 (&b)[8]) {
+    if constexpr (SMEM_X) {
+      const uint4* p = reinterpret_cast<const uint4*>(xs + (ch - 2 * gb0) * 64 + 16 * t4);
+      const uint4 v0 = p[0], v1 = p[1];
+      b[0] = v0.x, b[1] = v0.y, b[2] = v0.z, b[3] = v0.w;
+      b[4] = v1.x, b[5] = v1.y, b[6] = v1.z, b[7] = v1.w;
+    } else {
+      const int row = min(g + 8 * mt, a.m - 1);  // rows past m repeat the last: unused columns
+      const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(a.x) +
+                                                      (size_t)row * a.x_stride + ch * 64 + 16 * t4);
+      const uint4 v0 = ld_nc(p), v1 = ld_nc(p + 1);
+      b[0] = v0.x, b[1] = v0.y, b[2] = v0.z, b[3] = v0.w;
+      b[4] = v1.x, b[5] = v1.y, b[6] = v1.z, b[7] = v1.w;
+    }
+  };
+
+  auto compute = [&](int i, const uint4 (&w)[R][2], const u32 (&s)[R]) {
+    const int grp = gb0 + warp + i * WARPS;
+    float part[R][MT][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[r][mt][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      u32 b[MT][8];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) load_b(2 * grp + h, mt, b[mt]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          u32 frag[4];
+          dequant8(words[j], frag);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, b[mt][2 * j], b[mt][2 * j + 1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        acc[r][mt][0] += part[r][mt][0] * s0;
+        acc[r][mt][1] += part[r][mt][1] * s0;
+        acc[r][mt][2] += part[r][mt][2] * s1;
+        acc[r][mt][3] += part[r][mt][3] * s1;
+      }
+    }
+  };
+
+  for (int base = 0; base < n_w; base += PF) {
+#pragma unroll
+    for (int p = 0; p < PF; ++p) {
+      const int i = base + p;
+      if (i < n_w) {
+        compute(i, wbuf[p], sbuf[p]);
+        if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+      }
+    }
+  }
+
+  // Reduce the warps: lane-major so that a warp's stores hit 32 banks.
+  float v[FRAG];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[(r * MT + mt) * 4 + e] = acc[r][mt][e];
+  if constexpr (WARPS > 1) {
+#pragma unroll
+    for (int f = 0; f < FRAG; ++f) red[(warp * FRAG + f) * 32 + lane] = v[f];
+    __syncthreads();
+  }
+  // Pairs (e, e + 2) of fragment (r, mt): rows g and g + 8 of tile r, batch row
+  // 2 t4 + (e & 1) + 8 mt. Warp w finishes pairs w, w + WARPS, ...
+  constexpr int PAIRS = R * MT * 2;
+  constexpr int MINE = (PAIRS + WARPS - 1) / WARPS;
+  float fin[MINE][2];
+#pragma unroll
+  for (int q = 0; q < MINE; ++q) {
+    const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+    fin[q][0] = fin[q][1] = 0.f;
+    if (pair < PAIRS) {
+      const int f0 = (pair >> 1) * 4 + (pair & 1);
+      if constexpr (WARPS > 1) {
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+          fin[q][0] += red[(w * FRAG + f0) * 32 + lane];
+          fin[q][1] += red[(w * FRAG + f0 + 2) * 32 + lane];
+        }
+      } else {
+        fin[q][0] = v[f0];
+        fin[q][1] = v[f0 + 2];
+      }
+    }
+  }
+  if (a.splits > 1) {
+    // Partials of this split: [tile group][split][pair][2][32].
+    float* mine = a.ws + ((size_t)blockIdx.x * a.splits + split) * PAIRS * 64;
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+      if (pair < PAIRS) {
+        mine[pair * 64 + lane] = fin[q][0];
+        mine[pair * 64 + 32 + lane] = fin[q][1];
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    int* flag = reinterpret_cast<int*>(scratch + 32);
+    if (threadIdx.x == 0) *flag = atomicAdd(a.counters + blockIdx.x, 1);
+    __syncthreads();
+    if (*flag != a.splits - 1) return;
+    __threadfence();
+    const float* all = a.ws + (size_t)blockIdx.x * a.splits * PAIRS * 64;
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+      fin[q][0] = fin[q][1] = 0.f;
+      if (pair < PAIRS) {
+        for (int s = 0; s < a.splits; ++s) {
+          fin[q][0] += ld_cg(all + (s * PAIRS + pair) * 64 + lane);
+          fin[q][1] += ld_cg(all + (s * PAIRS + pair) * 64 + 32 + lane);
+        }
+      }
+    }
+    if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
+  }
+#pragma unroll
+  for (int q = 0; q < MINE; ++q) {
+    const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+    if (pair < PAIRS) {
+      const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
+      finish_pair(a, tile0 + r, g, 2 * t4 + e + 8 * mt, fin[q][0], fin[q][1]);
+    }
+  }
+}
+
+// Dequantise a packed weight to fp16 [N, K] in logical row order (prefill: then cuBLAS).
+struct DequantArgs {
+  const uint4* qw;
+  const u32* sc;
+  u16* w;
+  int tiles;
+  int k;
+  int glu;    // the weight was packed glu-interleaved
+  int inter;
+};
+
+extern "C" __global__ void w4_dequant(const DequantArgs a) {
+  const int chunks = a.k >> 6;
+  const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (size_t)a.tiles * chunks * 32) return;
+  const int lane = (int)(idx & 31);
+  const int c = (int)((idx >> 5) % chunks);
+  const int t = (int)((idx >> 5) / chunks);
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint4 q = ld_stream(a.qw + idx);
+  const u32 s = ld_nc_u32(a.sc + ((size_t)t * (a.k >> 7) + (c >> 1)) * 8 + g);
+  const float s0 = lo_h2f(s), s1 = hi_h2f(s);
+  const u32 words[4] = {q.x, q.y, q.z, q.w};
+  u32 row0[8], row1[8];  // 16 fp16 each: inputs c*64 + 16 t4 + 0..15
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const u32 x = words[j];
+    // nibble at bit b: (x >> b) & 15; row g: bits 0,16,8,24 -> inputs 4j+0..3.
+    const float a0 = (float)((int)((x >> 0) & 15) - 8), a1 = (float)((int)((x >> 16) & 15) - 8);
+    const float a2 = (float)((int)((x >> 8) & 15) - 8), a3 = (float)((int)((x >> 24) & 15) - 8);
+    const float b0 = (float)((int)((x >> 4) & 15) - 8), b1 = (float)((int)((x >> 20) & 15) - 8);
+    const float b2 = (float)((int)((x >> 12) & 15) - 8), b3 = (float)((int)((x >> 28) & 15) - 8);
+    row0[2 * j] = pack_h2(a0 * s0, a1 * s0);
+    row0[2 * j + 1] = pack_h2(a2 * s0, a3 * s0);
+    row1[2 * j] = pack_h2(b0 * s1, b1 * s1);
+    row1[2 * j + 1] = pack_h2(b2 * s1, b3 * s1);
+  }
+  const bool glu = a.glu != 0;
+  const size_t col = (size_t)c * 64 + 16 * t4;
+  uint4* d0 = reinterpret_cast<uint4*>(a.w + (size_t)out_row(t, g, glu, a.inter) * a.k + col);
+  uint4* d1 = reinterpret_cast<uint4*>(a.w + (size_t)out_row(t, g + 8, glu, a.inter) * a.k + col);
+  d0[0] = make_uint4(row0[0], row0[1], row0[2], row0[3]);
+  d0[1] = make_uint4(row0[4], row0[5], row0[6], row0[7]);
+  d1[0] = make_uint4(row1[0], row1[1], row1[2], row1[3]);
+  d1[1] = make_uint4(row1[4], row1[5], row1[6], row1[7]);
+}
+
+// The tile shapes w4a16.py may launch: name w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g>.
+#define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
+    w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
+  }
+
+// One row (decode): activations staged in shared memory.
+W4_KERNEL(1, 1, 4, 4, true, s)
+W4_KERNEL(1, 1, 4, 2, true, s)
+W4_KERNEL(1, 1, 8, 4, true, s)
+W4_KERNEL(1, 2, 4, 2, true, s)
+W4_KERNEL(1, 2, 4, 4, true, s)
+W4_KERNEL(1, 4, 4, 2, true, s)
+W4_KERNEL(1, 1, 2, 4, true, s)
+W4_KERNEL(1, 2, 2, 4, true, s)
+// 2..8 and 9..16 rows (speculative verification, small batches): fp16 from global memory.
+W4_KERNEL(1, 1, 4, 4, false, g)
+W4_KERNEL(1, 2, 4, 2, false, g)
+W4_KERNEL(2, 1, 4, 4, false, g)
+W4_KERNEL(2, 2, 4, 2, false, g)
