@@ -99,19 +99,18 @@ def build_nib(hf: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch
 
 def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.Module:
     """nib's GPU model: fused glue ops, tuned GEMV (16-bit) or RTN INT4 linears (fp16)."""
-    from nib.engine.kernels.gemv import swap_in_gemv
     from nib.engine.ops import TritonOps
+    from nib.engine.startup import swap_in_linear_kernels
 
     model = build_nib(hf, torch.float16 if int4 else torch.bfloat16)
     model.setup_cache(max_context)
     model.ops = TritonOps()
     if int4:
-        from nib.engine.quant.fused_gemv import swap_in_int4_gemv
         from nib.engine.quant.swap import quantize_model
 
         quantize_model(model)
-        print(f"int4 gemv choices {swap_in_int4_gemv(model)}", flush=True)
-    print(f"gemv choices {swap_in_gemv(model)}", flush=True)
+    choices = swap_in_linear_kernels(model, torch.device("cuda"))
+    print(f"linear kernels {choices}", flush=True)
     return model
 
 

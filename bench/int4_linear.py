@@ -1,15 +1,18 @@
 """INT4 linear layers on the GPU: cuBLAS fp16 vs PyTorch's INT4 (tinygemm) vs nib, in one run.
 
-    python bench/int4_linear.py [--out bench/results] [--write-tuned]
+    python bench/int4_linear.py [--out bench/results] [--triton [--write-tuned]]
 
 Shapes: the linears of Llama-2-7B and Qwen2.5-Coder-1.5B at M = 1, 4, 16.
 Weights are rotated through enough copies that none sits in the 60 MiB L2, and
-every timing is of calls back to back inside one CUDA graph. For nib, a short
-list of kernel configurations (kernels.candidates, and at M = 1 the batch-1
-GEMV's tiles, fused_gemv.SWEEP) is tried per shape and the best kept. Napkin math: bytes = weight + scales; floor = bytes / the
-device-to-device copy bandwidth measured at the start of the same run.
-Writes bench/results/<date>-int4-linear.json, a table in bench/README.md, and
-with --write-tuned the best configurations to engine/quant/tuned.json.
+every timing is of calls back to back inside one CUDA graph. `nib-int4` is
+the kernel the engine runs on a GPU where nvcc is available: the CUDA
+tensor-core kernel (engine/cuda/w4a16.cu), every tile config tried per shape
+and the best kept. With --triton the Triton kernels (kernels.candidates and
+the batch-1 GEMV's tiles, fused_gemv.SWEEP; each compiles) are swept too, as
+`nib-int4-triton`, and --write-tuned records their winners in
+engine/quant/tuned.json. Napkin math: bytes = weight + scales; floor = bytes /
+the device-to-device copy bandwidth measured at the start of the same run.
+Writes bench/results/<date>-int4-linear.json and a table in bench/README.md.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def copies(nbytes: int) -> int:
     return max(2, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
 
 
-def bench_layer(k: int, n: int, m: int, deadline: float) -> list[dict]:
+def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[dict]:
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     x16 = torch.randn(m, k, device="cuda", generator=g).half()
@@ -110,7 +113,12 @@ def bench_layer(k: int, n: int, m: int, deadline: float) -> list[dict]:
         {"impl": "torch-int4", "us_median": us, "weight_bytes": tiny_bytes, "rel_err": tiny_err}
     )
     del tiny, packed
-    # nib: try the candidates, keep the best
+    cuda_row = bench_cuda(codes, scales, x16, ref, m, deadline)
+    if cuda_row is not None:
+        rows.append(cuda_row)
+    if not triton:
+        return rows
+    # nib's Triton kernels: try the candidates, keep the best
     qw = pack(codes)
     nib = [(qw, scales)] + [(qw.clone(), scales.clone()) for _ in range(copies(q_bytes) - 1)]
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -169,13 +177,65 @@ def bench_layer(k: int, n: int, m: int, deadline: float) -> list[dict]:
             if best is None or us < best[0]:
                 best = (us, cfg, err)
     if best is not None:
-        rows.append({"impl": "nib-int4", "us_median": best[0], "weight_bytes": q_bytes,
+        rows.append({"impl": "nib-int4-triton", "us_median": best[0], "weight_bytes": q_bytes,
                      "config": best[1].label(), "config_fields": best[1].__dict__, "rel_err": best[2],
                      "tried": tried,
                      "general_config_fields": general[1].__dict__ if general else None})  # fmt: skip
     else:
         print(f"  nib: no configuration ran: {tried}", file=sys.stderr)
     return rows
+
+
+def bench_cuda(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    x16: torch.Tensor,
+    ref: torch.Tensor,
+    m: int,
+    deadline: float,
+) -> dict | None:
+    """nib's CUDA tensor-core kernel (engine/cuda/w4a16.cu), every tile config for this M."""
+    from nib.engine.cuda import loader
+    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4
+
+    why = loader.unavailable_reason(x16.device)
+    if why:
+        print(f"  nib CUDA kernels unavailable: {why}", file=sys.stderr)
+        return None
+    n = codes.shape[0]
+    base = CudaInt4(codes, scales, None, "", "bench", torch.float16)
+    layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
+    out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    best: tuple[float, str, dict, float] | None = None
+    tried, seen = [], set()
+    for cfg in ONE_ROW if m == 1 else MULTI_ROW:
+        eff = base.effective(cfg, m)
+        if eff in seen:
+            continue
+        seen.add(eff)
+        try:
+            out.fill_(float("nan"))
+            base.run(x16, out, m, eff, 0)
+            torch.cuda.synchronize()
+            err = float((out.float() - ref).norm() / ref.norm())
+            if not err <= 1e-3:
+                tried.append(f"{eff.label()}: WRONG (rel err {err:.1e})")
+                continue
+            for layer in layers:
+                layer.prepare(eff, m)
+            us = time_in_graph([lambda p=p, c=eff: p.run(x16, out, m, c, 0) for p in layers])
+        except Exception as exc:  # a configuration that fails here is reported, not fatal
+            tried.append(f"{eff.label()}: {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        tried.append(f"{eff.label()}: {us:.2f} us")
+        if best is None or us < best[0]:
+            best = (us, eff.label(), eff.__dict__, err)
+    if best is None:
+        print(f"  nib cuda: no configuration ran: {tried}", file=sys.stderr)
+        return None
+    return {"impl": "nib-int4", "us_median": best[0], "weight_bytes": base.weight_bytes,
+            "config": best[1], "config_fields": best[2], "rel_err": best[3], "tried": tried,
+            "general_config_fields": None, "kernel": "cuda"}  # fmt: skip
 
 
 def markdown(result: dict) -> str:
@@ -215,6 +275,9 @@ def main() -> int:
     p.add_argument("--write-tuned", action="store_true", help="write engine/quant/tuned.json")
     p.add_argument("--no-readme", action="store_true", help="leave bench/README.md alone")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="time for trying configs")
+    p.add_argument(
+        "--triton", action="store_true", help="also sweep the Triton kernels (nib-int4-triton)"
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/int4_linear.py needs a CUDA GPU", file=sys.stderr)
@@ -233,15 +296,16 @@ def main() -> int:
         for m in MS:
             done += 1
             deadline = started + args.budget_s * done / total  # spread the tuning budget evenly
-            for r in bench_layer(k, n, m, deadline):
+            for r in bench_layer(k, n, m, deadline, args.triton):
                 r.update(
                     layer=f"{model}.{name}", m=m, gbps=r["weight_bytes"] / r["us_median"] / 1e3
                 )
                 r["fraction_of_copy_bw"] = r["gbps"] / bw
                 rows.append(r)
-                if r["impl"] == "nib-int4" and m == 1 and "path" not in r["config_fields"]:
+                triton_row = r["impl"] == "nib-int4-triton"
+                if triton_row and m == 1 and "path" not in r["config_fields"]:
                     gemv1[(n, k)] = r["config_fields"]  # the batch-1 GEMV won
-                if r["impl"] == "nib-int4" and r["general_config_fields"]:
+                if triton_row and r["general_config_fields"]:
                     fields = r["general_config_fields"]
                     tuned.append(kernels.TunedEntry(n, k, m, kernels.KernelConfig(**fields)))
                 print(f"  {r['layer']:<32} m={m:<3} {r['impl']:<12} {r['us_median']:8.2f} us "
@@ -265,7 +329,7 @@ def main() -> int:
             f"`{result['command']}`"
         )
         write_readme_table("int4-linear", caption, table.rstrip("\n").split("\n"))
-    if args.write_tuned:
+    if args.write_tuned and args.triton:
         text = json.loads(kernels.tuned_entries_json(tuned))
         text["gemv1"] = [
             {"n": n, "k": k, "config": fields} for (n, k), fields in sorted(gemv1.items())

@@ -30,7 +30,6 @@ from nib.engine.kv_cache import KVCache
 from nib.engine.model import Transformer
 from nib.engine.ops import TorchOps, fresh_prefill_attention
 from nib.engine.quant.linear import Int4Linear
-from nib.engine.quant.reference import dequantize_packed
 from nib.engine.selfcheck import Case, Inputs, Outputs
 
 # Twice what the kernel tests accept (tests/unit/test_kernels.py, tests/gpu): random
@@ -301,7 +300,7 @@ class CaseBuilder:
         key = id(module)
         if self._weight[0] != key:
             self._weight = (key, None)  # drop the previous one first
-            self._weight = (key, dequantize_packed(module.qweight, module.scales))
+            self._weight = (key, module.dequantized())
         w = self._weight[1]
         assert w is not None
         return w

@@ -37,13 +37,13 @@ GPU_KERNELS = (
     "int4_gemv",
     "int4_mma",
     "int4_dequant",
+    "int4_mma16",
     "exp_noise",
 )
 
 
 def setup_gpu(engine: Engine) -> None:
     from nib.engine.graphs import GraphRunner
-    from nib.engine.kernels.gemv import swap_in_gemv
     from nib.engine.ops import TritonOps
     from nib.engine.selfcheck_cases import build_cases
 
@@ -60,11 +60,7 @@ def setup_gpu(engine: Engine) -> None:
     engine.kernel_mode = "triton"
     model.ops = TritonOps()
     started = time.perf_counter()
-    engine.gemv_choices = swap_in_gemv(model, tune=config.tune_kernels)
-    if any(isinstance(m, Int4Linear) for m in model.modules()):
-        from nib.engine.quant.fused_gemv import swap_in_int4_gemv
-
-        engine.gemv_choices.update(swap_in_int4_gemv(model, tune=config.tune_kernels))
+    engine.gemv_choices = swap_in_linear_kernels(model, device, tune=config.tune_kernels)
     log.info("linear kernels per (out, in): %s", engine.gemv_choices)
     runner = GraphRunner(
         model,
@@ -99,6 +95,29 @@ def setup_gpu(engine: Engine) -> None:
         engine.graph_pool.reserved if engine.graph_pool else 0,
         engine.graph_pool.method if engine.graph_pool else "no graphs",
     )
+
+
+def swap_in_linear_kernels(
+    model: torch.nn.Module, device: torch.device, tune: bool = True
+) -> dict[tuple[int, int], str]:
+    """Put the fastest batch-1 kernels under every linear layer: the tuned 16-bit GEMV, and
+    for INT4 layers nib's CUDA tensor-core kernel where it can run here (else, and for
+    shapes it cannot hold, the Triton INT4 kernels). Returns {(out, in): kernel label}."""
+    from nib.engine.kernels.gemv import swap_in_gemv
+
+    choices = swap_in_gemv(model, tune=tune)
+    if any(isinstance(m, Int4Linear) for m in model.modules()):
+        from nib.engine.cuda.loader import unavailable_reason
+
+        if not unavailable_reason(device):
+            from nib.engine.cuda.int4_swap import swap_in_cuda_int4
+
+            choices.update(swap_in_cuda_int4(model, tune=tune))
+        if any(isinstance(m, Int4Linear) and m.cuda is None for m in model.modules()):
+            from nib.engine.quant.fused_gemv import swap_in_int4_gemv
+
+            choices.update(swap_in_int4_gemv(model, tune=tune))
+    return choices
 
 
 def use_reference_path(engine: Engine, why: str) -> None:

@@ -37,6 +37,9 @@ KERNEL_SOURCES = (
     "quant/tuned.json",
     "ops.py",
     "device_sampling.py",
+    "cuda/*.cu",
+    "cuda/*.cuh",
+    "cuda/*.py",
 )
 
 

@@ -412,7 +412,11 @@ def swap_in_int4_gemv(
     from nib.engine.quant.kernels import int4_linear
     from nib.engine.quant.linear import Int4Linear
 
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, Int4Linear)]
+    mods = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, Int4Linear) and m.cuda is None  # not on the CUDA kernel already
+    ]
     by_shape: dict[tuple[int, int], list[tuple[str, Int4Linear]]] = {}
     for name, m in mods:
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))

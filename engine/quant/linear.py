@@ -1,8 +1,11 @@
 """Int4Linear: the module swapped in for nn.Linear when weights are INT4.
 
 It holds the weight in the kernel layout (packed once, at construction) and
-runs the Triton kernels on CUDA and the pure-PyTorch reference elsewhere. The
-model code calls it exactly as it calls nn.Linear.
+runs the pure-PyTorch reference on the CPU. On a GPU, `use_cuda` repacks it
+once into the order of nib's CUDA tensor-core kernel (engine/cuda/w4a16.py),
+which then serves every row count and the fused glue, and frees the first
+packing; where that kernel cannot run, the Triton kernels do. The model code
+calls it exactly as it calls nn.Linear.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class Int4Linear(nn.Module):
         self.fused: Any = None
         self.buffers: Any = None
         self.fused_buffers: Any = None
+        # The CUDA tensor-core path (engine/cuda/w4a16.py CudaInt4), set by `use_cuda`.
+        self.cuda: Any = None
 
     @classmethod
     def from_weight(
@@ -69,8 +74,29 @@ class Int4Linear(nn.Module):
         fused_n = self.out_features // 2 if self.fusion == "norm_glu" else self.out_features
         self.fused_buffers = None if fused is None else split_buffers(fused_n, fused, device)
 
+    def use_cuda(self, packed: Any) -> None:
+        """Serve every call with nib's CUDA kernel on this repacked weight (a CudaInt4 built
+        from this module's codes). The layout.py packing is freed: the CUDA path covers
+        one row (with `packed.fusion` fused), 2..16 rows and prefill."""
+        self.cuda = packed
+        self.fusion = packed.fusion
+        self.fused = packed.one_row if packed.fusion else None
+        self.m1 = None
+        self.qweight = torch.empty(0, dtype=torch.int32, device=packed.device)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.cuda is not None or self.qweight.device.type == "cuda"
+
     def kernel(self, rows: int) -> str | None:
         """The batch-1 GEMV's label for one row (with its fusion), else None."""
+        if self.cuda is not None:
+            if rows == 1:
+                label = self.cuda.effective(self.cuda.one_row, 1).label()
+                return f"{label} +{self.fusion}" if self.fusion else label
+            if rows <= 16:
+                return str(self.cuda.effective(self.cuda.multi_row, rows).label())
+            return "int4 mma16 dequant+cublas"
         if rows != 1 or self.use_reference or self.qweight.device.type != "cuda":
             return None
         if self.fused is not None:
@@ -81,6 +107,11 @@ class Int4Linear(nn.Module):
         self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
     ) -> torch.Tensor:
         """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
+        if self.cuda is not None:
+            if glu != self.cuda.glu:
+                raise ValueError(f"{self.name}: packed for fusion {self.fusion!r}, not glu={glu}")
+            out: torch.Tensor = self.cuda.norm(h, norm_weight, eps)
+            return out
         from nib.engine.quant.fused_gemv import norm_gemv
 
         return norm_gemv(
@@ -90,21 +121,38 @@ class Int4Linear(nn.Module):
 
     def residual_forward(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """The fused kernel: residual += self(x), in place."""
+        if self.cuda is not None:
+            self.cuda.residual(x, residual)
+            return
         from nib.engine.quant.fused_gemv import gemv_residual
 
         gemv_residual(
             x, self.qweight, self.scales, self.bias, residual, self.fused, self.fused_buffers
         )
 
+    def codes(self) -> torch.Tensor:
+        """The logical codes uint8 [N, K], from whichever packing the module holds."""
+        if self.cuda is not None:
+            return self.cuda.unpack()[0]  # type: ignore[no-any-return]
+        return unpack(self.qweight)
+
     def int4_weight(self) -> Int4Weight:
         """The logical codes and scales (to write a checkpoint)."""
-        return Int4Weight(unpack(self.qweight), self.scales)
+        return Int4Weight(self.codes(), self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the codes stand for, fp32 [N, K] (references and self-checks)."""
+        return self.int4_weight().dequantize()
 
     @property
     def weight_bytes(self) -> int:
+        if self.cuda is not None:
+            return int(self.cuda.weight_bytes)
         return int(self.qweight.numel() * 4 + self.scales.numel() * 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cuda is not None and x.is_cuda and not self.use_reference:
+            return self.cuda.linear(x)  # type: ignore[no-any-return]
         if x.is_cuda and not self.use_reference:
             if self.m1 is not None and x.numel() == self.in_features:
                 from nib.engine.quant.fused_gemv import gemv
@@ -113,6 +161,10 @@ class Int4Linear(nn.Module):
             from nib.engine.quant.kernels import int4_linear
 
             return int4_linear(x, self.qweight, self.scales, self.bias)
+        if self.cuda is not None:  # the reference after a CUDA repack: from the logical codes
+            out = x.to(torch.float32) @ self.dequantized().t()
+            out = out if self.bias is None else out + self.bias.to(torch.float32)
+            return out.to(x.dtype)
         return int4_linear_reference(x, self.qweight, self.scales, self.bias)
 
     def extra_repr(self) -> str:

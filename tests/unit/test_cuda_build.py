@@ -1,0 +1,75 @@
+"""The CUDA sources compile for Hopper and Ampere without spills (nvcc, no GPU needed).
+
+Registers spilled to local memory would put every weight the INT4 kernel holds in
+flight through L1 and DRAM a second time; a stack frame means an array was indexed
+at run time. Both show up in ptxas's report, so they are checked on every CI run
+where nvcc is installed (the GPU tests then run the same cubins).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nib.engine.cuda import build, loader
+
+SOURCES = loader.SOURCES
+
+
+def _nvcc_or_skip() -> None:
+    try:
+        build.nvcc()
+    except build.CudaBuildError as exc:
+        pytest.skip(f"no nvcc here: {exc}")
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_compiles_without_spills(source: str, target: str) -> None:
+    _nvcc_or_skip()
+    report = build.resources(source, target)
+    assert report, f"{source}: ptxas reported no kernels"
+    for r in report:
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{source} {target}: {r}"
+        assert r.stack_bytes == 0, f"{source} {target}: {r}"
+        assert r.registers <= 255
+
+
+def test_every_w4a16_config_has_a_kernel() -> None:
+    """Each config the engine may pick names a kernel that the source defines."""
+    from nib.engine.cuda import w4a16
+
+    text = (build.HERE / "w4a16.cu").read_text()
+    for cfg in w4a16.ONE_ROW:
+        assert f"W4_KERNEL(1, {cfg.r}, {cfg.warps}, {cfg.pf}, true, s)" in text, cfg
+    for cfg in w4a16.MULTI_ROW:
+        for mt in (1, 2):
+            name = w4a16.kernel_name(mt, cfg, staged=False)
+            assert f"W4_KERNEL({mt}, {cfg.r}, {cfg.warps}, {cfg.pf}, false, g)" in text, name
+
+
+def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _nvcc_or_skip()
+    monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path))
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(int* p) { p[threadIdx.x] = 1; }\n')
+    first = build.cubin(src, "sm_90")
+    assert first[:4] == b"\x7fELF"
+    assert len(list(tmp_path.glob("k-sm_90-*.cubin"))) == 1
+    assert build.cubin(src, "sm_90") == first  # from the cache
+    src.write_text('extern "C" __global__ void k(int* p) { p[threadIdx.x] = 2; }\n')
+    build.cubin(src, "sm_90")
+    assert len(list(tmp_path.glob("k-sm_90-*.cubin"))) == 2
+
+
+def test_a_source_that_does_not_compile_says_why(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _nvcc_or_skip()
+    monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path))
+    src = tmp_path / "bad.cu"
+    src.write_text('extern "C" __global__ void k(int* p) { p[threadIdx.x] = undefined_name; }\n')
+    with pytest.raises(build.CudaBuildError, match="undefined_name"):
+        build.cubin(src, "sm_90")
+
+
+def test_no_kernels_off_cuda() -> None:
+    assert loader.unavailable_reason(torch.device("cpu")) == "not a CUDA device"
