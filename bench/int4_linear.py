@@ -196,7 +196,7 @@ def bench_cuda(
 ) -> dict | None:
     """nib's CUDA tensor-core kernel (engine/cuda/w4a16.cu), every tile config for this M."""
     from nib.engine.cuda import loader
-    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4
+    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, runs_on
 
     why = loader.unavailable_reason(x16.device)
     if why:
@@ -210,7 +210,7 @@ def bench_cuda(
     tried, seen = [], set()
     for cfg in ONE_ROW if m == 1 else MULTI_ROW:
         eff = base.effective(cfg, m)
-        if eff in seen:
+        if eff in seen or not runs_on(eff, base.capability):
             continue
         seen.add(eff)
         try:

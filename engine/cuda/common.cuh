@@ -125,3 +125,58 @@ NIB_DEVICE float block_sum(float v, float* scratch) {
 }
 
 NIB_DEVICE float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// ---- programmatic dependent launch (sm_90) ---------------------------------------
+// launch_dependents: the next kernel on the stream may start once every block of this
+// one has called it (or exited). wait: block until the previous kernel has finished
+// and its writes are visible; nothing the previous kernel writes (or reads) may be
+// touched before it. Both are no-ops when the kernel was not launched with PDL.
+NIB_DEVICE void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+NIB_DEVICE void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// ---- bulk copies and mbarriers (sm_90) -------------------------------------------
+NIB_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+#if __CUDA_ARCH__ >= 900
+NIB_DEVICE void mbar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Make the barriers' initialisation visible to the copy engine before any copy uses them.
+NIB_DEVICE void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// One arrival that also announces `bytes` of copies completing on this barrier's phase.
+NIB_DEVICE void mbar_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+NIB_DEVICE bool mbar_try_wait(u64* bar, u32 parity) {
+  u32 ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+NIB_DEVICE void mbar_wait(u64* bar, u32 parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+// global -> shared, `bytes` (a multiple of 16, both addresses 16-byte aligned), completing
+// on `bar` (the shared::cluster address of this block's own shared memory).
+NIB_DEVICE void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+#endif

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 CUDA_ERROR_INVALID_CONTEXT = 201
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_NUM_REGS = 4
@@ -28,6 +29,30 @@ CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed."""
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union.
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint),
+    ]  # fmt: skip
+
+
+def _pdl_attribute() -> _LaunchAttribute:
+    attr = _LaunchAttribute()
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+    return attr
+
+
+_PDL = _pdl_attribute()
 
 
 @cache
@@ -146,9 +171,15 @@ class Kernel:
         args: ctypes.Structure,
         shared: int = 0,
         stream: torch.cuda.Stream | None = None,
+        pdl: bool = False,
     ) -> None:
         """Launch on `stream` (default: PyTorch's current stream on the module's device)
-        with one by-value argument struct (the kernel's only parameter)."""
+        with one by-value argument struct (the kernel's only parameter).
+
+        pdl: programmatic dependent launch (sm_90): the kernel may start while the
+        previous kernel on the stream is still running, once that one's blocks have all
+        started or signalled; the kernel itself waits (griddepcontrol.wait) before it
+        touches what the previous one writes. Captured graphs keep the edge."""
         g = (*grid, 1, 1)[:3]
         b = (*block, 1, 1)[:3]
         if min(g) < 1 or min(b) < 1:
@@ -156,15 +187,26 @@ class Kernel:
         self.allow_shared(shared)
         s = stream if stream is not None else torch.cuda.current_stream(self.module.device)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
-        rc = lib().cuLaunchKernel(
-            self.handle, *g, *b, shared, ctypes.c_void_p(s.cuda_stream), params, None
-        )
+        rc = self._launch(g, b, shared, s, params, pdl)
         if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
             ensure_context(self.module.device)
-            rc = lib().cuLaunchKernel(
-                self.handle, *g, *b, shared, ctypes.c_void_p(s.cuda_stream), params, None
-            )
-        check(rc, f"launching {self.name} grid={g} block={b} shared={shared}")
+            rc = self._launch(g, b, shared, s, params, pdl)
+        check(rc, f"launching {self.name} grid={g} block={b} shared={shared} pdl={pdl}")
+
+    def _launch(
+        self,
+        g: tuple[int, ...],
+        b: tuple[int, ...],
+        shared: int,
+        s: torch.cuda.Stream,
+        params: ctypes.Array[ctypes.c_void_p],
+        pdl: bool,
+    ) -> int:
+        stream = ctypes.c_void_p(s.cuda_stream)
+        if not pdl:
+            return int(lib().cuLaunchKernel(self.handle, *g, *b, shared, stream, params, None))
+        cfg = _LaunchConfig(*g, *b, shared, stream, ctypes.pointer(_PDL), 1)
+        return int(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.handle, params, None))
 
 
 def ptr(t: torch.Tensor | None) -> int:

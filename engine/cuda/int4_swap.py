@@ -18,7 +18,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, W4Config
+from nib.engine.cuda.timing import graph_us
+from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, W4Config, runs_on
 from nib.engine.quant.format import QuantShapeError
 from nib.engine.quant.linear import Int4Linear
 
@@ -26,6 +27,7 @@ log = logging.getLogger("nib.engine")
 
 DEFAULT_ONE_ROW = W4Config(1, 4, 4, 1)
 DEFAULT_MULTI_ROW = MULTI_ROW[0]
+MULTI_ROWS_TUNED = 8  # a verify step's rows (1 + 7 drafted tokens)
 
 
 def _call(
@@ -40,19 +42,35 @@ def _call(
     return partial(packed.linear, x, cfg)
 
 
-def _fastest(group: list[CudaInt4], x: torch.Tensor) -> W4Config:
-    from nib.engine.kernels.gemv import _time_layers
+def _worth_timing(p: CudaInt4, cfg: W4Config, sms: int) -> bool:
+    """Split-K pays only where the row tiles alone leave SMs idle."""
+    return cfg.splits == 1 or (p.tiles // cfg.r) < 4 * sms
 
+
+def _fastest(
+    group: list[CudaInt4], x: torch.Tensor, candidates: tuple[W4Config, ...], m: int
+) -> W4Config:
+    """The candidate whose calls on every layer of the group, in turn inside a CUDA graph,
+    take the least time per call (m = 1: the group's fused variant; else the plain
+    product of m rows)."""
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     scratch = torch.zeros(max(p.n for p in group), device=x.device, dtype=x.dtype)
+    rows = x[None].expand(m, -1).to(torch.float16).contiguous() if m > 1 else x
     timed: list[tuple[float, int, W4Config]] = []
     seen: set[W4Config] = set()
-    for i, cfg in enumerate(ONE_ROW):
-        eff = group[0].effective(cfg, 1)
-        if eff in seen:
+    for i, cfg in enumerate(candidates):
+        eff = group[0].effective(cfg, m)
+        if eff in seen or not runs_on(eff, group[0].capability):
+            continue
+        if not _worth_timing(group[0], eff, sms):
             continue
         seen.add(eff)
         try:
-            timed.append((_time_layers([_call(p, eff, x, scratch) for p in group]), i, eff))
+            if m == 1:
+                calls = [_call(p, eff, x, scratch) for p in group]
+            else:
+                calls = [partial(p.linear, rows, eff) for p in group]
+            timed.append((graph_us(calls), i, eff))
         except Exception:  # a shape this GPU cannot run is not a candidate
             log.warning("int4 mma16 %s failed here; not a candidate", eff.label(), exc_info=True)
     if not timed:
@@ -84,10 +102,16 @@ def swap_in_cuda_int4(
         packs = [p for _, p in members]
         device = packs[0].device
         x = torch.randn(k, device=device, dtype=dtype)
-        best = _fastest(packs, x) if tune else DEFAULT_ONE_ROW
+        best = _fastest(packs, x, ONE_ROW, 1) if tune else DEFAULT_ONE_ROW
+        multi = DEFAULT_MULTI_ROW
+        if tune:
+            for p in packs:
+                for cfg in MULTI_ROW:
+                    p.prepare(p.effective(cfg, MULTI_ROWS_TUNED), MULTI_ROWS_TUNED)
+            multi = _fastest(packs, x, MULTI_ROW, MULTI_ROWS_TUNED)
         for m, p in members:
             p.one_row = best
-            p.multi_row = DEFAULT_MULTI_ROW
+            p.multi_row = multi
             p.prepare(best, 1)
             for rows in (2, 16):  # one and two n8 tiles
                 p.prepare(p.multi_row, rows)

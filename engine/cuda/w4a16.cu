@@ -118,169 +118,139 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
   store_act(a.y, yrow + r1, v1, ybf);
 }
 
-template <int MT, int R, int WARPS, int PF, bool SMEM_X>
-NIB_DEVICE void w4a16_body(const W4Args& a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int FRAG = R * MT * 4;  // fp32 accumulators per lane
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int tile0 = blockIdx.x * R;
-  const int split = blockIdx.y;
-  const int n_groups = a.k >> 7;
-  const int chunks = a.k >> 6;
-  const int gb0 = split * a.groups_per_split;
-  const int gb1 = min(n_groups, gb0 + a.groups_per_split);
-  // This warp's groups: gb0 + warp + i * WARPS, i < n_w.
-  const int n_w = gb1 - gb0 - warp > 0 ? (gb1 - gb0 - warp + WARPS - 1) / WARPS : 0;
+// What every block of a launch agrees on: its tiles, its K slice, its lane's place.
+struct Block {
+  int lane, warp, g, t4, tile0, split, n_groups, chunks, gb0, gb1;
+};
 
-  const uint4* qw[R];
-  const u32* sc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    qw[r] = a.qw + (size_t)(tile0 + r) * chunks * 32 + lane;
-    sc[r] = a.sc + (size_t)(tile0 + r) * n_groups * 8 + g;
-  }
+NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
+  Block b;
+  b.lane = threadIdx.x & 31;
+  b.warp = threadIdx.x >> 5;
+  b.g = b.lane >> 2;
+  b.t4 = b.lane & 3;
+  b.tile0 = blockIdx.x * r_tiles;
+  b.split = blockIdx.y;
+  b.n_groups = a.k >> 7;
+  b.chunks = a.k >> 6;
+  b.gb0 = b.split * a.groups_per_split;
+  b.gb1 = min(b.n_groups, b.gb0 + a.groups_per_split);
+  return b;
+}
 
-  uint4 wbuf[PF][R][2];
-  u32 sbuf[PF][R];
-  auto load = [&](int i, uint4 (&w)[R][2], u32 (&s)[R]) {
-    const int grp = gb0 + warp + i * WARPS;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      w[r][0] = ld_stream(qw[r] + (size_t)(2 * grp) * 32);
-      w[r][1] = ld_stream(qw[r] + (size_t)(2 * grp + 1) * 32);
-      s[r] = ld_nc_u32(sc[r] + grp * 8);
-    }
-  };
-  // Weights first: their trip to memory overlaps the activation prologue.
-#pragma unroll
-  for (int p = 0; p < PF; ++p)
-    if (p < n_w) load(p, wbuf[p], sbuf[p]);
-
-  u16* xs = reinterpret_cast<u16*>(smem);
-  const int kslice = (gb1 - gb0) * 128;
-  float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
-  float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
-
-  if constexpr (SMEM_X) {
-    const bool xbf = a.x_bf16 != 0;
-    const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
-    float inv = 1.f;
-    if (a.norm) {
-      float ss = 0.f;
-      for (int i = threadIdx.x; i < (a.k >> 3); i += WARPS * 32) {
-        const uint4 v = ld_nc(x8 + i);
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
-          ss += lo * lo + hi * hi;
-        }
-      }
-      ss = block_sum(ss, scratch);
-      inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
-    }
-    const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
-    for (int i = threadIdx.x; i < (kslice >> 3); i += WARPS * 32) {
-      const int gi = (gb0 * 128 >> 3) + i;
-      const uint4 v = ld_nc(x8 + gi);
+// One row of activations -> fp16 in shared memory (this block's K slice), after the
+// optional RMSNorm over the whole row. Ends with a barrier.
+template <int THREADS>
+NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch) {
+  const bool xbf = a.x_bf16 != 0;
+  const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
+  const int kslice = (b.gb1 - b.gb0) * 128;
+  float inv = 1.f;
+  if (a.norm) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < (a.k >> 3); i += THREADS) {
+      const uint4 v = ld_nc(x8 + i);
       const u32 w[4] = {v.x, v.y, v.z, v.w};
-      u32 nwv[4] = {0, 0, 0, 0};
-      if (a.norm) {
-        const uint4 nv = ld_nc(n8 + gi);
-        nwv[0] = nv.x, nwv[1] = nv.y, nwv[2] = nv.z, nwv[3] = nv.w;
-      }
-      u32 o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
-        if (a.norm) {  // the unfused path's rounding: normalise, round, times weight, round
-          lo = round_act(round_act(lo * inv, xbf) * act2f((u16)(nwv[e] & 0xffff), xbf), xbf);
-          hi = round_act(round_act(hi * inv, xbf) * act2f((u16)(nwv[e] >> 16), xbf), xbf);
-        }
-        o[e] = pack_h2(lo, hi);
+        const float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+        ss += lo * lo + hi * hi;
       }
-      reinterpret_cast<uint4*>(xs)[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
-    __syncthreads();
+    ss = block_sum(ss, scratch);
+    inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
   }
+  const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
+  for (int i = threadIdx.x; i < (kslice >> 3); i += THREADS) {
+    const int gi = (b.gb0 * 128 >> 3) + i;
+    const uint4 v = ld_nc(x8 + gi);
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    u32 nwv[4] = {0, 0, 0, 0};
+    if (a.norm) {
+      const uint4 nv = ld_nc(n8 + gi);
+      nwv[0] = nv.x, nwv[1] = nv.y, nwv[2] = nv.z, nwv[3] = nv.w;
+    }
+    u32 o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+      if (a.norm) {  // the unfused path's rounding: normalise, round, times weight, round
+        lo = round_act(round_act(lo * inv, xbf) * act2f((u16)(nwv[e] & 0xffff), xbf), xbf);
+        hi = round_act(round_act(hi * inv, xbf) * act2f((u16)(nwv[e] >> 16), xbf), xbf);
+      }
+      o[e] = pack_h2(lo, hi);
+    }
+    reinterpret_cast<uint4*>(xs)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  __syncthreads();
+}
 
-  float acc[R][MT][4];
+// The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words.
+template <bool SMEM_X>
+NIB_DEVICE void load_b(const W4Args& a, const Block& b, const u16* xs, int ch, int mt, u32 (&v)[8]) {
+  uint4 v0, v1;
+  if constexpr (SMEM_X) {
+    const uint4* p = reinterpret_cast<const uint4*>(xs + (ch - 2 * b.gb0) * 64 + 16 * b.t4);
+    v0 = p[0], v1 = p[1];
+  } else {
+    const int row = min(b.g + 8 * mt, a.m - 1);  // rows past m repeat the last: unused columns
+    const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(a.x) +
+                                                    (size_t)row * a.x_stride + ch * 64 + 16 * b.t4);
+    v0 = ld_nc(p), v1 = ld_nc(p + 1);
+  }
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w;
+  v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+}
+
+// acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
+template <int MT, int R, bool SMEM_X>
+NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
+                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
+  float part[R][MT][4];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
-
-  // The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words.
-  auto load_b = [&](int ch, int mt, u32 (&b)[8]) {
-    if constexpr (SMEM_X) {
-      const uint4* p = reinterpret_cast<const uint4*>(xs + (ch - 2 * gb0) * 64 + 16 * t4);
-      const uint4 v0 = p[0], v1 = p[1];
-      b[0] = v0.x, b[1] = v0.y, b[2] = v0.z, b[3] = v0.w;
-      b[4] = v1.x, b[5] = v1.y, b[6] = v1.z, b[7] = v1.w;
-    } else {
-      const int row = min(g + 8 * mt, a.m - 1);  // rows past m repeat the last: unused columns
-      const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(a.x) +
-                                                      (size_t)row * a.x_stride + ch * 64 + 16 * t4);
-      const uint4 v0 = ld_nc(p), v1 = ld_nc(p + 1);
-      b[0] = v0.x, b[1] = v0.y, b[2] = v0.z, b[3] = v0.w;
-      b[4] = v1.x, b[5] = v1.y, b[6] = v1.z, b[7] = v1.w;
-    }
-  };
-
-  auto compute = [&](int i, const uint4 (&w)[R][2], const u32 (&s)[R]) {
-    const int grp = gb0 + warp + i * WARPS;
-    float part[R][MT][4];
+      for (int e = 0; e < 4; ++e) part[r][mt][e] = 0.f;
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+  for (int h = 0; h < 2; ++h) {
+    u32 bx[MT][8];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[r][mt][e] = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      u32 b[MT][8];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) load_b(2 * grp + h, mt, b[mt]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          u32 frag[4];
-          dequant8(words[j], frag);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, b[mt][2 * j], b[mt][2 * j + 1]);
-        }
-      }
-    }
+    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X>(a, b, xs, 2 * grp + h, mt, bx[mt]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]);
+      const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        acc[r][mt][0] += part[r][mt][0] * s0;
-        acc[r][mt][1] += part[r][mt][1] * s0;
-        acc[r][mt][2] += part[r][mt][2] * s1;
-        acc[r][mt][3] += part[r][mt][3] * s1;
-      }
-    }
-  };
-
-  for (int base = 0; base < n_w; base += PF) {
+      for (int j = 0; j < 4; ++j) {
+        u32 frag[4];
+        dequant8(words[j], frag);
 #pragma unroll
-    for (int p = 0; p < PF; ++p) {
-      const int i = base + p;
-      if (i < n_w) {
-        compute(i, wbuf[p], sbuf[p]);
-        if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+        for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, bx[mt][2 * j], bx[mt][2 * j + 1]);
       }
     }
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      acc[r][mt][0] += part[r][mt][0] * s0;
+      acc[r][mt][1] += part[r][mt][1] * s0;
+      acc[r][mt][2] += part[r][mt][2] * s1;
+      acc[r][mt][3] += part[r][mt][3] * s1;
+    }
+  }
+}
 
-  // Reduce the warps: lane-major so that a warp's stores hit 32 banks.
+// Sum the warps' accumulators (shared memory), then split-K (partials + the last block
+// of a tile group finishes) and the epilogue.
+template <int MT, int R, int WARPS>
+NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (&acc)[R][MT][4],
+                                  float* red, float* scratch) {
+  constexpr int FRAG = R * MT * 4;
+  const int lane = b.lane;
+  const int warp = WARPS > 1 ? b.warp : 0;
   float v[FRAG];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -289,6 +259,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[(r * MT + mt) * 4 + e] = acc[r][mt][e];
   if constexpr (WARPS > 1) {
+    // Lane-major so that a warp's stores hit 32 banks.
 #pragma unroll
     for (int f = 0; f < FRAG; ++f) red[(warp * FRAG + f) * 32 + lane] = v[f];
     __syncthreads();
@@ -300,7 +271,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   float fin[MINE][2];
 #pragma unroll
   for (int q = 0; q < MINE; ++q) {
-    const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+    const int pair = warp + q * WARPS;
     fin[q][0] = fin[q][1] = 0.f;
     if (pair < PAIRS) {
       const int f0 = (pair >> 1) * 4 + (pair & 1);
@@ -311,17 +282,20 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
           fin[q][1] += red[(w * FRAG + f0 + 2) * 32 + lane];
         }
       } else {
-        fin[q][0] = v[f0];
-        fin[q][1] = v[f0 + 2];
+#pragma unroll
+        for (int f = 0; f < FRAG; ++f) {  // compile-time indices only
+          if (f == f0) fin[q][0] = v[f];
+          if (f == f0 + 2) fin[q][1] = v[f];
+        }
       }
     }
   }
   if (a.splits > 1) {
     // Partials of this split: [tile group][split][pair][2][32].
-    float* mine = a.ws + ((size_t)blockIdx.x * a.splits + split) * PAIRS * 64;
+    float* mine = a.ws + ((size_t)blockIdx.x * a.splits + b.split) * PAIRS * 64;
 #pragma unroll
     for (int q = 0; q < MINE; ++q) {
-      const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+      const int pair = warp + q * WARPS;
       if (pair < PAIRS) {
         mine[pair * 64 + lane] = fin[q][0];
         mine[pair * 64 + 32 + lane] = fin[q][1];
@@ -337,7 +311,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     const float* all = a.ws + (size_t)blockIdx.x * a.splits * PAIRS * 64;
 #pragma unroll
     for (int q = 0; q < MINE; ++q) {
-      const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+      const int pair = warp + q * WARPS;
       fin[q][0] = fin[q][1] = 0.f;
       if (pair < PAIRS) {
         for (int s = 0; s < a.splits; ++s) {
@@ -350,12 +324,149 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   }
 #pragma unroll
   for (int q = 0; q < MINE; ++q) {
-    const int pair = (WARPS > 1 ? warp : 0) + q * WARPS;
+    const int pair = warp + q * WARPS;
     if (pair < PAIRS) {
       const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-      finish_pair(a, tile0 + r, g, 2 * t4 + e + 8 * mt, fin[q][0], fin[q][1]);
+      finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1]);
     }
   }
+}
+
+// Register pipeline: each warp keeps PF groups of its loads in flight in registers.
+extern __shared__ __align__(128) unsigned char smem[];
+
+template <int MT, int R, int WARPS, int PF, bool SMEM_X>
+NIB_DEVICE void w4a16_body(const W4Args& a) {
+  constexpr int FRAG = R * MT * 4;
+  const Block b = block_of(a, R);
+  // This warp's groups: gb0 + warp + i * WARPS, i < n_w.
+  const int n_w = b.gb1 - b.gb0 - b.warp > 0 ? (b.gb1 - b.gb0 - b.warp + WARPS - 1) / WARPS : 0;
+  const uint4* qw[R];
+  const u32* sc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    qw[r] = a.qw + (size_t)(b.tile0 + r) * b.chunks * 32 + b.lane;
+    sc[r] = a.sc + (size_t)(b.tile0 + r) * b.n_groups * 8 + b.g;
+  }
+  uint4 wbuf[PF][R][2];
+  u32 sbuf[PF][R];
+  auto load = [&](int i, uint4 (&w)[R][2], u32 (&s)[R]) {
+    const int grp = b.gb0 + b.warp + i * WARPS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      w[r][0] = ld_stream(qw[r] + (size_t)(2 * grp) * 32);
+      w[r][1] = ld_stream(qw[r] + (size_t)(2 * grp + 1) * 32);
+      s[r] = ld_nc_u32(sc[r] + grp * 8);
+    }
+  };
+  pdl_launch_dependents();
+  // Weights first (they do not depend on the previous kernel): their trip to memory
+  // overlaps the previous kernel's tail and this kernel's activation prologue.
+#pragma unroll
+  for (int p = 0; p < PF; ++p)
+    if (p < n_w) load(p, wbuf[p], sbuf[p]);
+  pdl_wait();
+
+  u16* xs = reinterpret_cast<u16*>(smem);
+  float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
+  float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
+
+  float acc[R][MT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
+  for (int base = 0; base < n_w; base += PF) {
+#pragma unroll
+    for (int p = 0; p < PF; ++p) {
+      const int i = base + p;
+      if (i < n_w) {
+        mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
+        if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+      }
+    }
+  }
+  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
+}
+
+// Bulk-copy pipeline (sm_90): one thread streams each step's weights (WARPS groups of
+// R tiles, contiguous per tile) and scales into NS shared-memory stages with
+// cp.async.bulk, completing on an mbarrier per stage; warp w computes group w of a
+// step. In flight per block: up to NS x R x WARPS KB without holding registers.
+template <int MT, int R, int WARPS, int NS, bool SMEM_X>
+NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
+#if __CUDA_ARCH__ >= 900
+  constexpr int FRAG = R * MT * 4;
+  constexpr int WBYTES = WARPS * 1024;  // one tile's weights per step
+  constexpr int SBYTES = WARPS * 32;    // one tile's scales per step
+  const Block b = block_of(a, R);
+  const int steps = (b.gb1 - b.gb0 + WARPS - 1) / WARPS;
+  unsigned char* wsm = smem;                                   // [NS][R][WBYTES]
+  unsigned char* ssm = wsm + NS * R * WBYTES;                  // [NS][R][SBYTES]
+  u64* bars = reinterpret_cast<u64*>(ssm + NS * R * SBYTES);   // [NS]
+  u16* xs = reinterpret_cast<u16*>(bars + 2 * NS);
+  float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xs) +
+                                        (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
+  float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s) mbar_init(bars + s, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  auto issue = [&](int step) {  // thread 0
+    const int stage = step % NS;
+    const int g0 = b.gb0 + step * WARPS;
+    const int ng = min(WARPS, b.gb1 - g0);
+    mbar_expect_tx(bars + stage, (u32)(R * ng * (1024 + 32)));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const size_t tile = b.tile0 + r;
+      bulk_g2s(wsm + (stage * R + r) * WBYTES, a.qw + (tile * b.chunks + 2 * g0) * 32, ng * 1024,
+               bars + stage);
+      bulk_g2s(ssm + (stage * R + r) * SBYTES, a.sc + (tile * b.n_groups + g0) * 8, ng * 32,
+               bars + stage);
+    }
+  };
+  pdl_launch_dependents();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < NS && s < steps; ++s) issue(s);
+  pdl_wait();
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
+
+  float acc[R][MT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
+  for (int i = 0; i < steps; ++i) {
+    const int stage = i % NS;
+    mbar_wait(bars + stage, (u32)((i / NS) & 1));
+    const int grp = b.gb0 + i * WARPS + b.warp;
+    if (grp < b.gb1) {
+      uint4 w[R][2];
+      u32 s[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4* ws = reinterpret_cast<const uint4*>(wsm + (stage * R + r) * WBYTES);
+        w[r][0] = ws[(b.warp * 2) * 32 + b.lane];
+        w[r][1] = ws[(b.warp * 2 + 1) * 32 + b.lane];
+        s[r] = reinterpret_cast<const u32*>(ssm + (stage * R + r) * SBYTES)[b.warp * 8 + b.g];
+      }
+      mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
+    }
+    __syncthreads();  // stage consumed by every warp: refill it
+    if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
+  }
+  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
+#else
+  __trap();  // w4a16.py launches these on sm_90 and newer only
+#endif
 }
 
 // Dequantise a packed weight to fp16 [N, K] in logical row order (prefill: then cuBLAS).
@@ -405,24 +516,41 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
   d1[1] = make_uint4(row1[4], row1[5], row1[6], row1[7]);
 }
 
-// The tile shapes w4a16.py may launch: name w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g>.
+// The tile shapes w4a16.py may launch: w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g> (register
+// pipeline) and w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only).
 #define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
     w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
   }
+#define W4_BULK_KERNEL(MT, R, WARPS, NS, SMEM, TAG)                                         \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_##TAG##b(const W4Args a) {                    \
+    w4a16_bulk_body<MT, R, WARPS, NS, SMEM>(a);                                             \
+  }
 
 // One row (decode): activations staged in shared memory.
 W4_KERNEL(1, 1, 4, 4, true, s)
 W4_KERNEL(1, 1, 4, 2, true, s)
+W4_KERNEL(1, 1, 4, 3, true, s)
 W4_KERNEL(1, 1, 8, 4, true, s)
+W4_KERNEL(1, 1, 8, 2, true, s)
 W4_KERNEL(1, 2, 4, 2, true, s)
 W4_KERNEL(1, 2, 4, 4, true, s)
+W4_KERNEL(1, 2, 8, 2, true, s)
 W4_KERNEL(1, 4, 4, 2, true, s)
-W4_KERNEL(1, 1, 2, 4, true, s)
-W4_KERNEL(1, 2, 2, 4, true, s)
+W4_BULK_KERNEL(1, 1, 4, 4, true, s)
+W4_BULK_KERNEL(1, 1, 4, 6, true, s)
+W4_BULK_KERNEL(1, 1, 8, 3, true, s)
+W4_BULK_KERNEL(1, 2, 4, 3, true, s)
+W4_BULK_KERNEL(1, 2, 4, 4, true, s)
+W4_BULK_KERNEL(1, 4, 4, 2, true, s)
 // 2..8 and 9..16 rows (speculative verification, small batches): fp16 from global memory.
 W4_KERNEL(1, 1, 4, 4, false, g)
 W4_KERNEL(1, 2, 4, 2, false, g)
 W4_KERNEL(2, 1, 4, 4, false, g)
 W4_KERNEL(2, 2, 4, 2, false, g)
+W4_BULK_KERNEL(1, 1, 4, 4, false, g)
+W4_BULK_KERNEL(1, 2, 4, 3, false, g)
+W4_BULK_KERNEL(2, 1, 4, 4, false, g)
+W4_BULK_KERNEL(2, 2, 4, 3, false, g)

@@ -112,39 +112,72 @@ def unpack(
 @dataclass(frozen=True)
 class W4Config:
     """One launch shape: `r` 16-row tiles per block, `warps` warps sharing the block's K
-    slice, `pf` groups of 128 inputs in flight per warp, `splits` blocks along K."""
+    slice, `pf` groups of 128 inputs in flight per warp (register pipeline) or stages of
+    `warps` groups (bulk), `splits` blocks along K; `bulk`: weights stream into shared
+    memory through the copy engine (sm_90) instead of through registers."""
 
     r: int = 1
     warps: int = 4
     pf: int = 4
     splits: int = 1
+    bulk: bool = False
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
+        if self.bulk:
+            return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
         return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}"
 
 
-# The instantiations in w4a16.cu: (mt, r, warps, pf) per activation source.
-STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 8, 4), (1, 2, 4, 2), (1, 2, 4, 4), (1, 4, 4, 2),
-          (1, 1, 2, 4), (1, 2, 2, 4)}  # fmt: skip
+# The instantiations in w4a16.cu: (mt, r, warps, depth) per pipeline and activation source.
+STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 4, 3), (1, 1, 8, 4), (1, 1, 8, 2), (1, 2, 4, 2),
+          (1, 2, 4, 4), (1, 2, 8, 2), (1, 4, 4, 2)}  # fmt: skip
+STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2)}
 GLOBAL = {(1, 1, 4, 4), (1, 2, 4, 2), (2, 1, 4, 4), (2, 2, 4, 2)}
+GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3)}
+BULK_CAPABILITY = (9, 0)
 
 # What start-up timing and bench/int4_linear.py try: every instantiation, 1, 2 or 4 splits
 # (2..16 rows: the tile shapes built for both one and two n8 tiles).
-ONE_ROW = tuple(W4Config(r, w, pf, s) for (_, r, w, pf) in sorted(STAGED) for s in (1, 2, 4))
+ONE_ROW = tuple(
+    W4Config(r, w, d, s, bulk)
+    for bulk, table in ((False, STAGED), (True, STAGED_BULK))
+    for (_, r, w, d) in sorted(table)
+    for s in (1, 2, 4)
+)
 MULTI_ROW = tuple(
-    W4Config(r, w, pf, s)
-    for (mt, r, w, pf) in sorted(GLOBAL)
-    if mt == 1 and (2, r, w, pf) in GLOBAL
+    W4Config(r, w, d, s, bulk)
+    for bulk, table in ((False, GLOBAL), (True, GLOBAL_BULK))
+    for (mt, r, w, d) in sorted(table)
+    if mt == 1 and (2, r, w, d) in table
     for s in (1, 2, 4)
 )
 
 
+def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
+    return not cfg.bulk or capability >= BULK_CAPABILITY
+
+
 def kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
-    table = STAGED if staged else GLOBAL
+    if cfg.bulk:
+        table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
+    else:
+        table, depth, tail = (STAGED if staged else GLOBAL), "p", ""
     if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
         raise ValueError(f"w4a16: no kernel for mt={mt} {cfg} ({'staged' if staged else 'global'})")
-    return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_p{cfg.pf}_{'s' if staged else 'g'}"
+    src = "s" if staged else "g"
+    return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_{src}{tail}"
+
+
+def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) -> int:
+    """Dynamic shared memory of a launch, laid out as w4a16.cu's bodies do."""
+    frag = cfg.r * mt * 4
+    total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
+    total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
+    total += 64 * 4  # block-sum scratch and the split-K flag
+    if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
+        total += cfg.pf * cfg.r * cfg.warps * (1024 + 32) + 16 * cfg.pf
+    return total
 
 
 class W4Args(ctypes.Structure):
@@ -207,6 +240,11 @@ class CudaInt4:
         from nib.engine.cuda.loader import module
 
         self._module = module("w4a16.cu", self.device)
+        self.capability = torch.cuda.get_device_capability(self.device)
+        self.bulk_ok = self.capability >= BULK_CAPABILITY
+        # Programmatic dependent launch: the weights of this layer start streaming while
+        # the previous kernel finishes (both kernels' code is written for it).
+        self.pdl = self.capability >= BULK_CAPABILITY
 
     def clone(self) -> CudaInt4:
         """A copy with its own weight tensors and split-K buffers (benchmarks rotate
@@ -233,7 +271,7 @@ class CudaInt4:
         r = _rows_of(cfg.r, self.tiles)
         groups = self.k // GROUP_SIZE
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
-        return W4Config(r, cfg.warps, cfg.pf, splits)
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""
@@ -267,6 +305,8 @@ class CudaInt4:
         cfg = self.effective(cfg, m)
         if m > MAX_ROWS or (staged and self.k > MAX_K_STAGED):
             raise ValueError(f"{self.name}: w4a16 takes 1..{MAX_ROWS} rows, K <= {MAX_K_STAGED}")
+        if cfg.bulk and not self.bulk_ok:
+            raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
         kernel = self._module.kernel(kernel_name(mt, cfg, staged))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
@@ -277,11 +317,7 @@ class CudaInt4:
         bias = self.bias
         if bias is not None and bias.dtype != y.dtype:
             bias = bias.to(y.dtype)  # a call in another dtype than the model's (tests)
-        frag = cfg.r * mt * 4
-        shared = (per_split * 256 if staged else 0) + (
-            cfg.warps * frag * 128 if cfg.warps > 1 else 0
-        )
-        shared += 64 * 4
+        shared = shared_bytes(cfg, mt, staged, per_split)
         args = W4Args(
             self.qw.data_ptr(), self.sc.data_ptr(), x.data_ptr(),
             0 if norm_weight is None else norm_weight.data_ptr(),
@@ -293,7 +329,8 @@ class CudaInt4:
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
-        kernel.launch((self.tiles // cfg.r, cfg.splits), (cfg.warps * 32,), args, shared)
+        grid = (self.tiles // cfg.r, cfg.splits)
+        kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)
 
     # -- what Int4Linear calls -------------------------------------------------------
 

@@ -98,6 +98,9 @@ FUSED_CONFIGS = (
     W4Config(2, 4, 2, 2),
     W4Config(4, 4, 2, 4),
     W4Config(1, 8, 4, 1),
+    W4Config(1, 4, 4, 2, bulk=True),
+    W4Config(2, 4, 3, 1, bulk=True),
+    W4Config(4, 4, 2, 4, bulk=True),
 )
 
 
@@ -191,17 +194,19 @@ def test_graph_replay_with_new_inputs() -> None:
     dtype = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(3)
 
-    def make(n: int, k: int, fusion: str) -> tuple[CudaInt4, torch.Tensor]:
+    def make(n: int, k: int, fusion: str, cfg: W4Config) -> tuple[CudaInt4, torch.Tensor]:
         codes = torch.randint(0, 16, (n, k), generator=g, device="cuda", dtype=torch.uint8)
         scales = (torch.rand(k // 128, n, generator=g, device="cuda") * 0.02 + 0.001).half()
         p = CudaInt4(codes, scales, None, fusion, fusion, dtype)
-        p.one_row = W4Config(2, 4, 2, 2)
+        p.one_row = cfg
         p.prepare(p.one_row, 1)
         return p, dequantize(codes, scales)
 
-    qkv, w_qkv = make(2048, 1536, "norm")
-    o, w_o = make(1536, 2048, "residual")
-    up, w_up = make(2 * 4480, 1536, "norm_glu")
+    # Consecutive kernels each read what the previous one wrote (programmatic dependent
+    # launch on sm_90: each must wait before touching it).
+    qkv, w_qkv = make(2048, 1536, "norm", W4Config(2, 4, 2, 2))
+    o, w_o = make(1536, 2048, "residual", W4Config(1, 4, 4, 2, bulk=True))
+    up, w_up = make(2 * 4480, 1536, "norm_glu", W4Config(1, 4, 6, 1, bulk=True))
     h = torch.zeros(1536, device="cuda", dtype=dtype)
     nw = torch.zeros(1536, device="cuda", dtype=dtype)
     res = torch.zeros(1536, device="cuda", dtype=dtype)

@@ -40,12 +40,18 @@ def test_every_w4a16_config_has_a_kernel() -> None:
     from nib.engine.cuda import w4a16
 
     text = (build.HERE / "w4a16.cu").read_text()
+
+    def defined(mt: int, cfg: w4a16.W4Config, staged: bool) -> bool:
+        macro = "W4_BULK_KERNEL" if cfg.bulk else "W4_KERNEL"
+        src = "true, s" if staged else "false, g"
+        return f"{macro}({mt}, {cfg.r}, {cfg.warps}, {cfg.pf}, {src})" in text
+
     for cfg in w4a16.ONE_ROW:
-        assert f"W4_KERNEL(1, {cfg.r}, {cfg.warps}, {cfg.pf}, true, s)" in text, cfg
+        assert defined(1, cfg, True), w4a16.kernel_name(1, cfg, True)
     for cfg in w4a16.MULTI_ROW:
         for mt in (1, 2):
-            name = w4a16.kernel_name(mt, cfg, staged=False)
-            assert f"W4_KERNEL({mt}, {cfg.r}, {cfg.warps}, {cfg.pf}, false, g)" in text, name
+            assert defined(mt, cfg, False), w4a16.kernel_name(mt, cfg, False)
+    assert any(c.bulk for c in w4a16.ONE_ROW) and any(not c.bulk for c in w4a16.ONE_ROW)
 
 
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,41 @@
+"""Timing candidate kernels the way the decode step runs them: back to back in a CUDA graph.
+
+Start-up picks tile shapes per layer by timing. Timed eagerly, a launch through
+ctypes costs the host more than a small kernel costs the GPU, so every
+candidate would look the same; inside a captured graph only the GPU's time
+remains, and with programmatic dependent launch the overlap between
+consecutive kernels counts as it will in the decode graph.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def graph_us(fns: Sequence[Callable[[], object]], calls: int = 0, reps: int = 7) -> float:
+    """Median microseconds per call of `fns` run round-robin inside one CUDA graph
+    (at least `calls` calls per replay, and every fn at least twice)."""
+    n = max(calls, 2 * len(fns))
+    for f in fns:
+        f()  # allocate what the calls need before capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for i in range(n):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    del graph
+    return statistics.median(times)
