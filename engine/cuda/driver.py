@@ -31,9 +31,19 @@ class CudaError(RuntimeError):
     """A CUDA driver call failed."""
 
 
+class _LaunchAttributeValue(ctypes.Union):
+    # CUlaunchAttributeValue: a 64-byte union; nib sets only its int members. (Not
+    # c_char arrays: ctypes hands those out as bytes objects, not as the buffer.)
+    _fields_ = [("pad", ctypes.c_ubyte * 64), ("int_value", ctypes.c_int)]
+
+
 class _LaunchAttribute(ctypes.Structure):
-    # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union.
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    # CUlaunchAttribute: an id, padding to 8 bytes, the value union.
+    _fields_ = [
+        ("id", ctypes.c_uint),
+        ("pad", ctypes.c_ubyte * 4),
+        ("value", _LaunchAttributeValue),
+    ]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -48,7 +58,7 @@ class _LaunchConfig(ctypes.Structure):
 def _pdl_attribute() -> _LaunchAttribute:
     attr = _LaunchAttribute()
     attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+    attr.value.int_value = 1  # programmaticStreamSerializationAllowed
     return attr
 
 
