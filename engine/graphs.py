@@ -30,6 +30,7 @@ from functools import partial
 
 import torch
 
+from nib.engine.cuda.greedy import cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.graphs_common import decode_attend_fn
 from nib.engine.kernels.decode_attention import DecodeAttention
@@ -106,6 +107,9 @@ class GraphRunner:
         rows = max(self.verify_buckets, default=1)
         self.out_rows = torch.zeros(rows, dtype=torch.long).pin_memory()
         self.out_row_logprobs = torch.zeros(rows, dtype=torch.float32).pin_memory()
+        # Greedy argmax + log-probability in one kernel that stores into the pinned slots
+        # itself (engine/cuda/greedy.py); None: the PyTorch sequence below.
+        self.greedy = cuda_greedy(cfg.vocab_size, rows, device)
         self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
@@ -154,6 +158,19 @@ class GraphRunner:
     def _finish(
         self, logits: torch.Tensor, greedy: bool, slot: int, bias: torch.Tensor | None = None
     ) -> None:
+        if greedy and self.greedy is not None:
+            if self.keep_logits:
+                self.last_logits.copy_(logits[0, 0].float())
+            # Token and log-probability land in the pinned slots (or, unmapped, are copied
+            # there) before the event the caller records after this body; see greedy.cu.
+            self.greedy.run(
+                logits[0, :1],
+                self.out_token[slot : slot + 1],
+                self.out_logprob[slot : slot + 1],
+                bias,
+                self.token.view(1),
+            )
+            return
         row = logits[0, 0].float()
         if self.keep_logits:
             self.last_logits.copy_(row)
@@ -189,7 +206,11 @@ class GraphRunner:
             self.tokens_in[:, :bucket],
             self.positions[:bucket] + self.meta[2:3],
             attend=self._chunk_attend,
-        )[0].float()
+        )[0]
+        if self.greedy is not None:
+            self.greedy.run(logits, self.out_rows[:bucket], self.out_row_logprobs[:bucket])
+            return
+        logits = logits.float()
         best = logits.argmax(dim=-1)
         logprob = logits.gather(1, best[:, None])[:, 0] - logits.logsumexp(dim=-1)
         self.out_rows[:bucket].copy_(best, non_blocking=True)

@@ -181,12 +181,18 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
             "torch sdpa (causal)",
             _family("prefill", runner.buckets),
         ),
-        KernelPath(HEAD, "sampling.greedy", "1", "torch argmax", "*-greedy; verify"),
+        KernelPath(HEAD, "sampling.greedy", "1", _greedy_kernel(runner), "*-greedy; verify"),
         KernelPath(
             HEAD, "sampling.sample", "1", "torch top-k/top-p + triton philox race", "*-sample"
         ),
     ]
     return compact(paths)
+
+
+def _greedy_kernel(runner: GraphRunner) -> str:
+    """The greedy step's argmax + log-probability: one CUDA kernel, or PyTorch's sequence."""
+    greedy = getattr(runner, "greedy", None)  # test stand-ins for a runner may lack it
+    return "torch argmax" if greedy is None else str(greedy.label)
 
 
 def reference_paths(model: Transformer, *, fallback: bool) -> tuple[KernelPath, ...]:

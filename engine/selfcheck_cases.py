@@ -8,8 +8,10 @@ shapes it runs them, against the PyTorch reference (see selfcheck.py).
   path, after any fallback on this GPU), with the layer's real weights;
 - decode attention (one query, the whole context), its multi-query form (the
   chunk and verify graphs) and the prefill attention;
-- sampling: the Philox exponential noise (seeded, exponential) and the whole
-  device sampler against a reference race run with the same noise.
+- sampling: the Philox exponential noise (seeded, exponential), the whole
+  device sampler against a reference race run with the same noise, and (where
+  nib's CUDA kernels run) the greedy kernel's argmax and log-probability against
+  torch.argmax / logsumexp, with planted ties and -inf biases, into pinned memory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nib.engine.cuda.greedy import CudaGreedy, cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.kernel_paths import HEAD, is_gemv, linear_kernel, linears, row_classes
 from nib.engine.kernels import reference as ref
@@ -37,6 +40,7 @@ from nib.engine.selfcheck import Case, Inputs, Outputs
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 INT4_TOLERANCE = 5e-3  # its fp16 output against the fp32 reference (tests: 1e-3)
 NOISE_SAMPLES = 1 << 16
+GREEDY_TOLERANCE = 5e-4  # log-probability, absolute (tests: 1e-4); tokens must be equal
 LARGEST_CHECKED_ROWS = 64  # beyond this the kernels repeat the same tiles
 
 
@@ -420,6 +424,83 @@ class CaseBuilder:
                 lambda: "torch top-k/top-p + triton philox race",
                 compare=_check_sample,
             )
+        yield from self._greedy()
+
+    def _greedy(self) -> Iterator[Case]:
+        """The CUDA greedy kernel (graphs.py uses it where it is available): one row with
+        and without a token-healing bias, and the verify graph's rows."""
+        vocab = self.cfg.vocab_size
+        several = max((r for r in self.rows if r <= 8), default=1)
+        greedy = cuda_greedy(vocab, several, self.device)
+        if greedy is None:
+            return
+        for rows, biased in sorted({(1, True), (1, False), (several, False)}):
+            yield Case(
+                "greedy",
+                f"rows={rows} vocab={vocab} dtype={str(self.dtype).split('.')[-1]}"
+                + (" +bias" if biased else ""),
+                partial(_greedy_inputs, vocab, rows, biased, self.dtype, self.device, self.seed()),
+                partial(_greedy_run, greedy),
+                _greedy_ref,
+                GREEDY_TOLERANCE,
+                lambda greedy=greedy: str(greedy.label),
+                compare=_check_greedy,
+            )
+
+
+def _greedy_inputs(
+    vocab: int, rows: int, biased: bool, dtype: torch.dtype, device: torch.device, seed: int
+) -> Inputs:
+    """Random logits with the maximum planted at three places a < b < c of every row: the
+    first must win. With a bias (small, -inf on a tenth of the vocabulary and on row 0's
+    a, 0 on its b and c), b must."""
+    g = _gen(device, seed)
+    logits = _randn(g, rows, vocab, dtype=dtype, scale=3.0)
+    top = (logits.float().amax(dim=1) + 1).to(dtype)
+    bias = _randn(g, vocab, dtype=torch.float32, scale=0.1) if biased else None
+    if bias is not None:
+        bias[torch.rand(vocab, generator=g, device=device) < 0.1] = -math.inf
+    if vocab >= 3:
+        for r in range(rows):
+            a, b, c = torch.randperm(vocab, generator=g, device=device)[:3].sort().values
+            logits[r, torch.stack((a, b, c))] = top[r]
+            if bias is not None and r == 0:
+                bias[torch.stack((b, c))] = 0.0
+                bias[a] = -math.inf
+    return {"logits": logits, "bias": bias}
+
+
+def _greedy_run(greedy: CudaGreedy, i: Inputs) -> Outputs:
+    """The kernel as the graphs run it: the outputs in pinned host memory."""
+    rows = i["logits"].shape[0]
+    token = torch.full((rows,), -1, dtype=torch.int64).pin_memory()
+    logprob = torch.full((rows,), math.nan).pin_memory()
+    greedy.run(i["logits"], token, logprob, i["bias"])
+    torch.cuda.synchronize()  # the self-check only waits for outputs on the device
+    return token, logprob
+
+
+def _greedy_ref(i: Inputs) -> Outputs:
+    row = i["logits"].float()
+    choose = row if i["bias"] is None else row + i["bias"]
+    token = choose.argmax(dim=-1)
+    logprob = row.gather(1, token[:, None])[:, 0] - row.logsumexp(dim=-1)
+    return token.cpu(), logprob.cpu()
+
+
+def _check_greedy(out: Outputs, reference: Outputs) -> tuple[float, str]:
+    """Tokens equal to torch.argmax's (ties: the first index); the largest log-probability
+    difference as the error."""
+    token, logprob = out
+    ref_token, ref_logprob = reference
+    if not torch.equal(token, ref_token):
+        bad = int((token != ref_token).nonzero()[0, 0])
+        return math.inf, (
+            f"row {bad}: token {int(token[bad])}, torch.argmax says {int(ref_token[bad])}"
+        )
+    if not torch.isfinite(logprob).all():
+        return math.inf, "a log-probability is not finite (unwritten?)"
+    return float((logprob.double() - ref_logprob.double()).abs().max()), ""
 
 
 def _device_sample(vocab: int, i: Inputs) -> Outputs:

@@ -2,7 +2,8 @@
 
 Only what nib needs: load a module image into the device's primary context (the
 one PyTorch uses), look up a kernel, raise its shared-memory limit, launch it
-with one argument struct on a stream. A launch on a stream that is being
+with one argument struct on a stream, find the device address of pinned host
+memory (so a kernel can store there). A launch on a stream that is being
 captured becomes a node of the graph, exactly like PyTorch's own kernels.
 Every call's status is checked; a failure raises `CudaError` naming the call
 and the driver's error.
@@ -217,6 +218,22 @@ class Kernel:
             return int(lib().cuLaunchKernel(self.handle, *g, *b, shared, stream, params, None))
         cfg = _LaunchConfig(*g, *b, shared, stream, ctypes.pointer(_PDL), 1)
         return int(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.handle, params, None))
+
+
+def host_device_pointer(host_ptr: int, device: torch.device) -> int:
+    """The address at which `device`'s kernels reach pinned host memory at `host_ptr`
+    (cuMemHostGetDevicePointer; PyTorch's pinned blocks are mapped, and with unified
+    addressing the address is usually the host's own). Raises CudaError where the
+    memory is not mapped for the device."""
+    dptr = ctypes.c_uint64()
+    # The _v2 entry point: the unversioned symbol is the old one with 32-bit addresses.
+    query = lib().cuMemHostGetDevicePointer_v2
+    rc = query(ctypes.byref(dptr), ctypes.c_void_p(host_ptr), 0)
+    if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
+        ensure_context(device)
+        rc = query(ctypes.byref(dptr), ctypes.c_void_p(host_ptr), 0)
+    check(rc, f"cuMemHostGetDevicePointer(0x{host_ptr:x})")
+    return int(dptr.value)
 
 
 def ptr(t: torch.Tensor | None) -> int:

@@ -1,0 +1,268 @@
+// The end of a greedy step in one launch: from the lm_head's logits to each row's
+// argmax and its log-probability, written where the host reads them.
+//
+// The PyTorch sequence it replaces (a fp32 copy, argmax, two reductions for the
+// logsumexp, gather, elementwise, copies) costs ~35-40 us inside the decode graph;
+// the row is 64 KB (vocab 32000, bf16) to 300 KB (151936) and sits in L2, so one
+// pass over it by a few dozen blocks should take a few microseconds, mostly latency.
+//
+// Grid: (blocks, rows). Block b of row r reads a contiguous slice of the row in
+// 16-byte vectors (VPT vectors in flight per thread), keeping per thread
+//   - the best chosen score c = row + bias (bias: fp32 [V] or none), its index and
+//     the row's value there (the log-probability is of the unbiased row);
+//   - a running max m of the row and s = sum exp(row - ref(m)), updated once per
+//     vector (ref(m) = m, or 0 while m = -inf, so -inf entries add exact zeros).
+// Ties go to the smallest index and a NaN beats every number (the first NaN
+// wins), exactly as torch.argmax. The block reduces its threads, writes one
+// partial (8 floats) to the workspace and takes a ticket from the row's counter;
+// the block that draws the last ticket merges the row's partials, writes the
+// token (int64) and log-probability (fp32), and resets the counter for the next
+// launch (graph-safe: nothing to clear between replays).
+//
+// Elements before the row's first 16-byte boundary and after its last whole
+// vector (at most 2 x 7) are read one by one by block 0.
+#include "common.cuh"
+
+struct GreedyArgs {
+  const void* logits;      // [rows][row_stride], fp32 / fp16 / bf16 (the template's)
+  const float* bias;       // [vocab] fp32 added before the argmax, or null
+  float* ws;               // [rows][gridDim.x][8] partials
+  int* counters;           // [rows], zero between launches
+  long long* token;        // [rows] int64 or null: the next step's input, on the device
+  long long* out_token;    // [rows] int64: mapped pinned host memory or a device buffer
+  float* out_logprob;      // [rows] fp32: likewise
+  long long row_stride;    // elements between rows
+  int vocab;
+  int sys_fence;           // fence the stores at system scope before the kernel ends
+};
+
+constexpr int THREADS = 256;
+constexpr int VPT = 2;  // 16-byte vectors per thread per trip (greedy.py's VECTORS_PER_THREAD)
+constexpr int WARPS = THREADS / 32;
+constexpr int NONE = 0x7fffffff;  // no index beat -inf yet
+constexpr float LOG2E = 1.4426950408889634f;
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+
+NIB_DEVICE float ex2(float x) {  // 2^x, ~2 ulp; -inf -> 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+NIB_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
+NIB_DEVICE bool is_nan(float x) { return x != x; }
+// The logsumexp's reference point: the max, or 0 while nothing above -inf was seen.
+NIB_DEVICE float ref_of(float m) { return m == neg_inf() ? 0.f : m; }
+
+template <int DT>
+NIB_DEVICE float load_elem(const void* row, int i) {
+  if constexpr (DT == DT_F32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (DT == DT_F16) return h2f(reinterpret_cast<const u16*>(row)[i]);
+  else return bf2f(reinterpret_cast<const u16*>(row)[i]);
+}
+
+template <int DT>
+NIB_DEVICE void unpack(const uint4& v, float (&x)[16 / (DT == DT_F32 ? 4 : 2)]) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if constexpr (DT == DT_F32) {
+      x[e] = __uint_as_float(w[e]);
+    } else if constexpr (DT == DT_F16) {
+      x[2 * e] = lo_h2f(w[e]);
+      x[2 * e + 1] = hi_h2f(w[e]);
+    } else {
+      x[2 * e] = __uint_as_float(w[e] << 16);
+      x[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+  }
+}
+
+struct Best {
+  float c;  // best chosen score
+  int i;    // its index (NONE while nothing beat -inf)
+  float x;  // the row's value at i
+  float m;  // max of the row
+  float s;  // sum of exp(row - ref_of(m))
+};
+
+NIB_DEVICE Best empty_best() { return Best{neg_inf(), NONE, 0.f, neg_inf(), 0.f}; }
+
+// One element, visited in increasing index order within a thread: strictly greater
+// keeps the first of equal scores; a NaN replaces anything but an earlier NaN.
+NIB_DEVICE void take(Best& b, float c, float x, int i) {
+  if (c > b.c || (is_nan(c) && !is_nan(b.c))) {
+    b.c = c;
+    b.i = i;
+    b.x = x;
+  }
+}
+
+// Whether (ac, ai) comes before (bc, bi) in torch.argmax's order.
+NIB_DEVICE bool before(float ac, int ai, float bc, int bi) {
+  if (is_nan(ac)) return !is_nan(bc) || ai < bi;
+  if (is_nan(bc)) return false;
+  return ac > bc || (ac == bc && ai < bi);
+}
+
+NIB_DEVICE Best merge(const Best& a, const Best& b) {
+  Best r;
+  const bool first = before(a.c, a.i, b.c, b.i);
+  r.c = first ? a.c : b.c;
+  r.i = first ? a.i : b.i;
+  r.x = first ? a.x : b.x;
+  r.m = fmaxf(a.m, b.m);
+  const float ref = ref_of(r.m);
+  // A side whose m is -inf has s = 0 and gets the factor 2^-inf = 0 (ref is finite).
+  r.s = a.s * ex2((a.m - ref) * LOG2E) + b.s * ex2((b.m - ref) * LOG2E);
+  return r;
+}
+
+NIB_DEVICE Best shfl_xor(const Best& b, int o) {
+  Best r;
+  r.c = __shfl_xor_sync(0xffffffffu, b.c, o);
+  r.i = __shfl_xor_sync(0xffffffffu, b.i, o);
+  r.x = __shfl_xor_sync(0xffffffffu, b.x, o);
+  r.m = __shfl_xor_sync(0xffffffffu, b.m, o);
+  r.s = __shfl_xor_sync(0xffffffffu, b.s, o);
+  return r;
+}
+
+NIB_DEVICE Best warp_merge(Best b) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) b = merge(b, shfl_xor(b, o));
+  return b;
+}
+
+// The block's merge; thread 0 gets the result.
+NIB_DEVICE Best block_merge(Best b, Best* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  b = warp_merge(b);
+  if (lane == 0) scratch[warp] = b;
+  __syncthreads();
+  if (warp == 0) {
+    b = lane < WARPS ? scratch[lane] : empty_best();
+    b = warp_merge(b);
+  }
+  return b;
+}
+
+template <int DT, bool BIAS>
+NIB_DEVICE void greedy_body(const GreedyArgs& a) {
+  constexpr int EPV = DT == DT_F32 ? 4 : 8;  // elements per 16-byte vector
+  constexpr int ESIZE = 16 / EPV;
+  __shared__ Best scratch[WARPS];
+  __shared__ int ticket;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  const unsigned char* base =
+      reinterpret_cast<const unsigned char*>(a.logits) + (size_t)row * a.row_stride * ESIZE;
+  const int head = min(a.vocab, (int)(((16 - ((size_t)base & 15)) & 15) / ESIZE));
+  const int nvec = (a.vocab - head) / EPV;
+  const int tail = head + nvec * EPV;
+  const uint4* vec = reinterpret_cast<const uint4*>(base + head * ESIZE);
+  const int per = (nvec + gridDim.x - 1) / gridDim.x;
+  const int v0 = blockIdx.x * per, v1 = min(nvec, v0 + per);
+
+  Best b = empty_best();
+  for (int v = v0 + tid; v < v1; v += THREADS * VPT) {
+    uint4 raw[VPT];
+    float bias[VPT][EPV];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {  // every load of the trip first: they overlap
+      const int vj = v + j * THREADS;
+      raw[j] = vj < v1 ? ld_nc(vec + vj) : make_uint4(0, 0, 0, 0);
+      if constexpr (BIAS) {
+#pragma unroll
+        for (int e = 0; e < EPV; ++e) bias[j][e] = vj < v1 ? a.bias[head + vj * EPV + e] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int vj = v + j * THREADS;
+      if (vj >= v1) break;
+      float x[EPV];
+      unpack<DT>(raw[j], x);
+      const int i0 = head + vj * EPV;
+      float vm = x[0];
+#pragma unroll
+      for (int e = 1; e < EPV; ++e) vm = fmaxf(vm, x[e]);
+      const float m = fmaxf(b.m, vm);
+      const float ref = ref_of(m);
+      const float nref = -ref * LOG2E;
+      float s = b.s * ex2((b.m - ref) * LOG2E);
+#pragma unroll
+      for (int e = 0; e < EPV; ++e) {
+        s += ex2(fmaf(x[e], LOG2E, nref));
+        take(b, BIAS ? x[e] + bias[j][e] : x[e], x[e], i0 + e);
+      }
+      b.m = m;
+      b.s = s;
+    }
+  }
+  if (blockIdx.x == 0) {  // the unaligned head and the tail: one element per thread
+    const int i = tid < head ? tid : tail + tid - head;
+    if (tid < head + (a.vocab - tail)) {
+      const float x = load_elem<DT>(base, i);
+      Best one = empty_best();
+      one.m = x;
+      one.s = ex2((x - ref_of(x)) * LOG2E);  // 1, or 0 for -inf
+      take(one, BIAS ? x + a.bias[i] : x, x, i);
+      b = merge(b, one);
+    }
+  }
+
+  b = block_merge(b, scratch);
+  float4* part = reinterpret_cast<float4*>(a.ws + ((size_t)row * gridDim.x + blockIdx.x) * 8);
+  if (tid == 0) {
+    part[0] = make_float4(b.c, __int_as_float(b.i), b.x, b.m);
+    part[1] = make_float4(b.s, 0.f, 0.f, 0.f);
+    __threadfence();  // the partial is visible device-wide before the ticket is drawn
+    ticket = atomicAdd(a.counters + row, 1);
+  }
+  __syncthreads();
+  if (ticket != (int)gridDim.x - 1) return;
+
+  // The last block of this row: every other block's partial is visible.
+  __threadfence();
+  const float4* all = reinterpret_cast<const float4*>(a.ws + (size_t)row * gridDim.x * 8);
+  b = empty_best();
+  for (int p = tid; p < (int)gridDim.x; p += THREADS) {
+    const float4 p0 = ld_cg4(all + 2 * p), p1 = ld_cg4(all + 2 * p + 1);
+    b = merge(b, Best{p0.x, __float_as_int(p0.y), p0.z, p0.w, p1.x});
+  }
+  // scratch is free again: warp 0 read it before the ticket's barrier.
+  b = block_merge(b, scratch);
+  if (tid == 0) {
+    int token = b.i;
+    float x = b.x;
+    if (token == NONE) {  // every chosen score is -inf: torch.argmax says 0
+      token = 0;
+      x = load_elem<DT>(base, 0);
+    }
+    const float logprob = x - (ref_of(b.m) + logf(b.s));
+    if (a.token) a.token[row] = token;
+    a.out_token[row] = token;
+    a.out_logprob[row] = logprob;
+    // The host reads these after waiting on an event recorded behind this kernel.
+    // The event completes only after the kernel has, and a completed kernel's stores,
+    // to mapped pinned memory too, are visible to the host that synchronised with it
+    // (the CUDA guide's rule for mapped memory: order accesses with streams or
+    // events). sys_fence adds an explicit system-scope fence on top: the stores are
+    // then performed for the host before this thread goes on, whatever the
+    // interconnect; micro_greedy.py measures what it costs.
+    if (a.sys_fence) __threadfence_system();
+    a.counters[row] = 0;
+  }
+}
+
+#define GREEDY_KERNEL(NAME, DT, BIAS)                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const GreedyArgs a) { \
+    greedy_body<DT, BIAS>(a);                                                      \
+  }
+
+GREEDY_KERNEL(greedy_f32, DT_F32, false)
+GREEDY_KERNEL(greedy_f16, DT_F16, false)
+GREEDY_KERNEL(greedy_bf16, DT_BF16, false)
+GREEDY_KERNEL(greedy_f32_bias, DT_F32, true)
+GREEDY_KERNEL(greedy_f16_bias, DT_F16, true)
+GREEDY_KERNEL(greedy_bf16_bias, DT_BF16, true)
