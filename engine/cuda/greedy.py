@@ -113,6 +113,8 @@ class CudaGreedy:
         self.vocab, self.max_rows, self.device = vocab, max_rows, device
         self.sys_fence = sys_fence
         self._module = module("greedy.cu", device)
+        # Programmatic dependent launch (sm_90): start while the lm_head finishes.
+        self._pdl = torch.cuda.get_device_capability(device) >= (9, 0)
         self.ws = torch.empty(max_rows * MAX_BLOCKS * PARTIAL_FLOATS, device=device)
         self.counters = torch.zeros(max_rows, dtype=torch.int32, device=device)
         # Where the kernel writes an output the driver could not map (then copied).
@@ -177,7 +179,7 @@ class CudaGreedy:
             rows2.stride(0), self.vocab, int(self.sys_fence),
         )  # fmt: skip
         blocks = blocks_for(self.vocab, rows2.dtype)
-        self._module.kernel(name).launch((blocks, rows), (THREADS,), args)
+        self._module.kernel(name).launch((blocks, rows), (THREADS,), args, pdl=self._pdl)
         if tok_addr is None:
             out_token.copy_(self._token[:rows], non_blocking=True)
         if lp_addr is None:

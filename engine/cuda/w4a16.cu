@@ -138,49 +138,79 @@ NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
   return b;
 }
 
+// Eight activations (one 16-byte vector) -> fp16x2 words, after the RMSNorm when norm:
+// the unfused path's rounding (normalise, round, times the weight, round).
+NIB_DEVICE uint4 to_fp16(uint4 v, uint4 nv, bool norm, float inv, bool xbf) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  const u32 n[4] = {nv.x, nv.y, nv.z, nv.w};
+  u32 o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+    if (norm) {
+      lo = round_act(round_act(lo * inv, xbf) * act2f((u16)(n[e] & 0xffff), xbf), xbf);
+      hi = round_act(round_act(hi * inv, xbf) * act2f((u16)(n[e] >> 16), xbf), xbf);
+    }
+    o[e] = pack_h2(lo, hi);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+NIB_DEVICE float sum_squares(uint4 v, bool xbf) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
+    ss += lo * lo + hi * hi;
+  }
+  return ss;
+}
+
 // One row of activations -> fp16 in shared memory (this block's K slice), after the
-// optional RMSNorm over the whole row. Ends with a barrier.
+// optional RMSNorm over the whole row. A row of up to THREADS * HELD vectors is read
+// once, into registers (one trip to L2 before the barrier); longer rows twice. Ends
+// with a barrier.
 template <int THREADS>
 NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch) {
+  constexpr int HELD = 4;
   const bool xbf = a.x_bf16 != 0;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
-  const int kslice = (b.gb1 - b.gb0) * 128;
-  float inv = 1.f;
-  if (a.norm) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < (a.k >> 3); i += THREADS) {
-      const uint4 v = ld_nc(x8 + i);
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
-        ss += lo * lo + hi * hi;
-      }
-    }
-    ss = block_sum(ss, scratch);
-    inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
-  }
   const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
-  for (int i = threadIdx.x; i < (kslice >> 3); i += THREADS) {
-    const int gi = (b.gb0 * 128 >> 3) + i;
-    const uint4 v = ld_nc(x8 + gi);
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-    u32 nwv[4] = {0, 0, 0, 0};
-    if (a.norm) {
-      const uint4 nv = ld_nc(n8 + gi);
-      nwv[0] = nv.x, nwv[1] = nv.y, nwv[2] = nv.z, nwv[3] = nv.w;
-    }
-    u32 o[4];
+  const int s0 = b.gb0 * 16, s1 = b.gb1 * 16;  // this slice's vectors
+  const int nvec = a.k >> 3;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  if (!a.norm) {
+    for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), zero, false, 1.f, xbf);
+    __syncthreads();
+    return;
+  }
+  float ss = 0.f;
+  if (nvec <= THREADS * HELD) {
+    uint4 v[HELD], nv[HELD];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float lo = act2f((u16)(w[e] & 0xffff), xbf), hi = act2f((u16)(w[e] >> 16), xbf);
-      if (a.norm) {  // the unfused path's rounding: normalise, round, times weight, round
-        lo = round_act(round_act(lo * inv, xbf) * act2f((u16)(nwv[e] & 0xffff), xbf), xbf);
-        hi = round_act(round_act(hi * inv, xbf) * act2f((u16)(nwv[e] >> 16), xbf), xbf);
-      }
-      o[e] = pack_h2(lo, hi);
+    for (int j = 0; j < HELD; ++j) {
+      const int i = threadIdx.x + j * THREADS;
+      v[j] = i < nvec ? ld_nc(x8 + i) : zero;
+      nv[j] = i >= s0 && i < s1 ? ld_nc(n8 + i) : zero;
     }
-    reinterpret_cast<uint4*>(xs)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+    for (int j = 0; j < HELD; ++j) ss += sum_squares(v[j], xbf);
+    ss = block_sum(ss, scratch);
+    const float inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
+#pragma unroll
+    for (int j = 0; j < HELD; ++j) {
+      const int i = threadIdx.x + j * THREADS;
+      if (i >= s0 && i < s1)
+        reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(v[j], nv[j], true, inv, xbf);
+    }
+  } else {
+    for (int i = threadIdx.x; i < nvec; i += THREADS) ss += sum_squares(ld_nc(x8 + i), xbf);
+    ss = block_sum(ss, scratch);
+    const float inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
+    for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), ld_nc(n8 + i), true, inv, xbf);
   }
   __syncthreads();
 }
