@@ -66,6 +66,17 @@ NIB_DEVICE uint4 ld_stream_if(const uint4* p, bool ok) {
   return v;
 }
 
+// 16 bytes global -> shared without registers (sm_80+), and the wait for this thread's.
+NIB_DEVICE void cp_async16(void* smem_dst, const void* src) {
+  u32 dst;
+  asm("{\n .reg .u64 a;\n cvta.to.shared.u64 a, %1;\n cvt.u32.u64 %0, a;\n}"
+      : "=r"(dst) : "l"(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+NIB_DEVICE void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\n cp.async.wait_group 0;" ::: "memory");
+}
+
 // The two 16-bit values of a word as fp32: element 0 in the low half.
 template <bool BF16>
 NIB_DEVICE float lo16(u32 v) {
@@ -147,37 +158,56 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   for (int p = 0; p < U; ++p)
     if (p < total) load(buf[p]);
 
-  // Stage the slice (norm: h * nw, and the squares of the whole row).
+  // Stage the slice (norm: h * nw, and the squares of the row). The raw 16-bit chunks
+  // land by cp.async in the very slots their fp32 values will take (x chunk j in
+  // xs[half + j], nw chunk j in xs[j]), all in flight at once: one trip to L2 instead
+  // of one per loop step, and no registers while the weight loads are outstanding.
   const int c0 = k0 >> 3;
-  const int lo_c = a.norm ? 0 : c0, hi_c = a.norm ? (a.k >> 3) : c0 + chunks;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
   const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
+  for (int j = (int)threadIdx.x; j < half; j += THREADS) {
+    if (j < chunks) {
+      cp_async16(xs + half + j, x8 + c0 + j);
+      if (a.norm) cp_async16(xs + j, n8 + c0 + j);
+    } else {
+      xs[j] = xs[half + j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  cp_async_wait_all();
   float ss = 0.f;
-  // Not unrolled: the weight buffers are live here, and an unrolled copy of this loop's
-  // temporaries on top of them is what would cap the registers (and occupancy).
+  // Each thread converts the chunks it copied itself (its own slots: no barrier yet).
 #pragma unroll 1
-  for (int c = lo_c + (int)threadIdx.x; c < hi_c; c += THREADS) {
+  for (int j = (int)threadIdx.x; j < chunks; j += THREADS) {
+    const float4 raw = xs[half + j];
     float h[8];
-    widen8<BF16>(ld_nc(x8 + c), h);
+    widen8<BF16>(make_uint4(__float_as_uint(raw.x), __float_as_uint(raw.y),
+                            __float_as_uint(raw.z), __float_as_uint(raw.w)),
+                 h);
     if (a.norm) {
+      const float4 rn = xs[j];
       float g[8];
-      widen8<BF16>(ld_nc(n8 + c), g);
+      widen8<BF16>(make_uint4(__float_as_uint(rn.x), __float_as_uint(rn.y),
+                              __float_as_uint(rn.z), __float_as_uint(rn.w)),
+                   g);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         ss = fmaf(h[e], h[e], ss);
         h[e] *= g[e];
       }
     }
-    const int j = c - c0;
-    if (j >= 0 && j < chunks) {
-      xs[j] = make_float4(h[0], h[1], h[2], h[3]);
-      xs[half + j] = make_float4(h[4], h[5], h[6], h[7]);
-    }
+    xs[j] = make_float4(h[0], h[1], h[2], h[3]);
+    xs[half + j] = make_float4(h[4], h[5], h[6], h[7]);
   }
+  if (a.norm && a.splits > 1) {
+    // The squares of the inputs outside this slice (norm with split K: rare).
 #pragma unroll 1
-  for (int j = chunks + (int)threadIdx.x; j < half; j += THREADS) {
-    xs[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    xs[half + j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = (int)threadIdx.x; c < (a.k >> 3); c += THREADS) {
+      if (c >= c0 && c < c0 + chunks) continue;
+      float h[8];
+      widen8<BF16>(ld_nc(x8 + c), h);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = fmaf(h[e], h[e], ss);
+    }
   }
   float inv = 1.f;
   if (a.norm) {
