@@ -310,7 +310,9 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   G16_KERNEL(bf16, true, true, _glu, R, WARPS, U)   \
   G16_KERNEL(fp16, false, true, _glu, R, WARPS, U)
 
-// Plain, norm and residual: R output rows of U loads in flight per lane.
+// Plain, norm and residual: R output rows of U loads in flight per lane. Every GLU
+// shape is here too: a gate_up layer runs its GLU config for the plain product as well.
+G16_PLAIN(1, 4, 4)
 G16_PLAIN(1, 4, 8)
 G16_PLAIN(2, 4, 4)
 G16_PLAIN(2, 4, 8)

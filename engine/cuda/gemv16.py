@@ -25,8 +25,10 @@ STRIDE = 32 * CHUNK  # inputs a warp covers per load of one row
 MAX_K = 32768  # the staged fp32 activations: up to 128 KB of shared memory
 SCRATCH = 128  # bytes of shared memory before the activations (block_sum)
 
-# The instantiations in gemv16.cu, (rows, warps, unroll): G16_PLAIN and G16_GLU.
-PLAIN = frozenset({(1, 4, 8), (2, 4, 4), (2, 4, 8), (4, 4, 4), (1, 8, 8), (2, 8, 4)})
+# The instantiations in gemv16.cu, (rows, warps, unroll): G16_PLAIN and G16_GLU. GLU is
+# a subset of PLAIN: swap_in_gemv gives a gate_up layer its GLU config for the plain
+# product too.
+PLAIN = frozenset({(1, 4, 4), (1, 4, 8), (2, 4, 4), (2, 4, 8), (4, 4, 4), (1, 8, 8), (2, 8, 4)})
 GLU = frozenset({(1, 4, 4), (1, 4, 8), (2, 4, 4), (1, 8, 8), (2, 8, 4)})
 
 

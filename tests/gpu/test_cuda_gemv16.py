@@ -197,6 +197,8 @@ def test_graph_replays_and_repeated_split_launches(dtype: torch.dtype) -> None:
         step()
         torch.cuda.synchronize()
         check(out_norm, gemv16.reference(x, w, b, nw, 1e-6), "eager norm split")
+        check(res, gemv16.reference(x, w, b, residual=t["res"]), "eager residual")
+        check(out_glu, gemv16.reference(x, w, None, nw, 1e-6, glu=True), "eager glu split")
     step()  # warm-up before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

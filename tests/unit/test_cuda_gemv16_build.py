@@ -42,6 +42,7 @@ def test_the_source_instantiates_exactly_the_python_tables() -> None:
     glu = {tuple(map(int, m)) for m in re.findall(r"^G16_GLU\((\d+), (\d+), (\d+)\)", source, re.M)}
     assert plain == PLAIN
     assert glu == GLU
+    assert GLU <= PLAIN  # a gate_up layer's GLU config also runs its plain product
 
 
 @pytest.mark.slow
