@@ -512,9 +512,9 @@ def swap_in_gemv(
         # A shape whose every layer fuses runs the plain kernel only off the fast path
         # (never at one row in practice): it takes the fused kernel's tiles untimed.
         if not (fusions and all(fusion_of(name) for name, _ in mods)):
-            plain = [m for _, m in mods]
+            members = [m for _, m in mods]
             configs: list[AnyGemvConfig | None] = [None, *_candidates(weight, "")]
-            choice[shape] = _fastest([(c, partial(_plain_calls, c, plain, x)) for c in configs])
+            choice[shape] = _fastest([(c, partial(_plain_calls, c, members, x)) for c in configs])
         for fusion in fusions:
             group = [m for name, m in mods if fusion_of(name) == fusion]
             scratch = torch.zeros(shape[0], device=device, dtype=dtype)
