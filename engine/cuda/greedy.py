@@ -108,13 +108,13 @@ class CudaGreedy:
     ) -> None:
         if vocab < 1 or max_rows < 1:
             raise ValueError(f"greedy: vocab {vocab} and max_rows {max_rows} must be >= 1")
-        from nib.engine.cuda.loader import module
+        from nib.engine.cuda.loader import module, pdl
 
         self.vocab, self.max_rows, self.device = vocab, max_rows, device
         self.sys_fence = sys_fence
         self._module = module("greedy.cu", device)
         # Programmatic dependent launch (sm_90): start while the lm_head finishes.
-        self._pdl = torch.cuda.get_device_capability(device) >= (9, 0)
+        self._pdl = pdl(device)
         self.ws = torch.empty(max_rows * MAX_BLOCKS * PARTIAL_FLOATS, device=device)
         self.counters = torch.zeros(max_rows, dtype=torch.int32, device=device)
         # Where the kernel writes an output the driver could not map (then copied).

@@ -19,7 +19,7 @@ from nib.engine.cuda import build, driver
 log = logging.getLogger("nib.engine")
 
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulators, bf16 conversions
-SOURCES = ("w4a16.cu", "greedy.cu")
+SOURCES = ("w4a16.cu", "greedy.cu", "gemv16.cu")
 
 _lock = threading.Lock()
 _modules: dict[tuple[str, int], driver.Module] = {}
@@ -70,3 +70,15 @@ def unavailable_reason(device: torch.device) -> str:
 
 def available(device: torch.device) -> bool:
     return unavailable_reason(device) == ""
+
+
+PDL_CAPABILITY = (9, 0)
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch (sm_90+):
+    nib's kernels are written for it (weights first, griddepcontrol.wait before the
+    previous kernel's outputs)."""
+    if os.environ.get("NIB_CUDA_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(_index(device)) >= PDL_CAPABILITY

@@ -237,14 +237,14 @@ class CudaInt4:
         self.one_row = W4Config()
         self.multi_row = W4Config()
         self._buffers: dict[tuple[W4Config, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        from nib.engine.cuda.loader import module
+        from nib.engine.cuda.loader import module, pdl
 
         self._module = module("w4a16.cu", self.device)
         self.capability = torch.cuda.get_device_capability(self.device)
         self.bulk_ok = self.capability >= BULK_CAPABILITY
         # Programmatic dependent launch: the weights of this layer start streaming while
         # the previous kernel finishes (both kernels' code is written for it).
-        self.pdl = self.capability >= BULK_CAPABILITY
+        self.pdl = pdl(self.device)
 
     def clone(self) -> CudaInt4:
         """A copy with its own weight tensors and split-K buffers (benchmarks rotate

@@ -15,12 +15,18 @@ between gate_up and down (one program owns gate row j and up row j). A
 decoder layer is then six launches: qkv+norm, RoPE+cache write, attention,
 o_proj+residual, gate_up+norm+SiLU·mul, down+residual.
 
+Where nib's CUDA kernels build and load (cuda/loader.py), the CUDA C++ GEMV
+(cuda/gemv16.py: the same entry points and semantics, more loads in flight) joins
+the candidates: a layer whose config is a `Gemv16Config` runs it, and a call it
+cannot take (a misaligned or odd-typed tensor) runs the first Triton tile instead.
+
 Napkin math (Qwen2.5-1.5B gate_up, 1536 -> 17920): 55 MB of bf16 weights; at
 4.28 TB/s that is 12.9 µs (cuBLAS measured 17.4 µs).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +37,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import nn
+
+from nib.engine.cuda import gemv16
+from nib.engine.cuda.gemv16 import Gemv16Config
+
+log = logging.getLogger("nib.engine")
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,11 @@ CANDIDATES = (
     GemvConfig(4, 1024, 8, 8),
 )
 
+
+# Any tile config of the batch-1 GEMV: the Triton kernel's or the CUDA kernel's.
+AnyGemvConfig = GemvConfig | Gemv16Config
+# What a CUDA config's call runs when its tensors break gemv16's rules (no split-K).
+FALLBACK = CANDIDATES[0]
 
 EPI_NONE, EPI_RESIDUAL, EPI_GLU = 0, 1, 2
 
@@ -210,10 +226,14 @@ def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    cfg: GemvConfig,
+    cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
+    if isinstance(cfg, Gemv16Config):
+        if gemv16.accepts(x, weight, bias):
+            return gemv16.gemv(x, weight, bias, cfg, buffers)
+        cfg, buffers = FALLBACK, None
     n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     _launch(x, weight, bias, y, n, cfg, buffers=buffers)
@@ -226,7 +246,7 @@ def norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    cfg: GemvConfig,
+    cfg: AnyGemvConfig,
     glu: bool = False,
     buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
@@ -235,6 +255,10 @@ def norm_gemv(
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if glu and bias is not None:
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
+    if isinstance(cfg, Gemv16Config):
+        if gemv16.accepts(h, weight, bias, norm_weight.reshape(-1)):
+            return gemv16.norm_gemv(h, norm_weight, eps, weight, bias, cfg, glu, buffers)
+        cfg, buffers = FALLBACK, None
     y = torch.empty(n, dtype=h.dtype, device=h.device)
     epilogue = EPI_GLU if glu else EPI_NONE
     _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers)
@@ -246,12 +270,17 @@ def gemv_residual(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     residual: torch.Tensor,
-    cfg: GemvConfig,
+    cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
 ) -> None:
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
     if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
         raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
+    if isinstance(cfg, Gemv16Config):
+        if gemv16.accepts(x, weight, bias, out=residual):
+            gemv16.gemv_residual(x, weight, bias, residual, cfg, buffers)
+            return
+        cfg, buffers = FALLBACK, None
     n = weight.shape[0]
     _launch(x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers)
 
@@ -271,19 +300,21 @@ def fusion_of(name: str) -> str:
 
 
 class GemvLinear(nn.Module):
-    """nn.Linear's drop-in for the GPU: the Triton GEMV at one row, cuBLAS otherwise.
+    """nn.Linear's drop-in for the GPU: the batch-1 GEMV at one row, cuBLAS otherwise.
 
     `fusion` names what the batch-1 path folds into the product (ops.py calls
     the fused entry points): "norm" (the RMSNorm before it), "residual" (the
     residual add after it), "norm_glu" (both the norm and SiLU·mul), or "".
-    `fused` is the tile config for that fused kernel (None: no fusion)."""
+    `fused` is the tile config for that fused kernel (None: no fusion). A config
+    is the Triton kernel's (GemvConfig) or the CUDA kernel's (Gemv16Config): the
+    entry points dispatch on its type."""
 
     def __init__(
         self,
         linear: nn.Linear,
-        config: GemvConfig | None,
+        config: AnyGemvConfig | None,
         fusion: str = "",
-        fused: GemvConfig | None = None,
+        fused: AnyGemvConfig | None = None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -328,40 +359,72 @@ def gemv_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    config: GemvConfig | None,
+    config: AnyGemvConfig | None,
     buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
-    """GemvLinear's forward: the Triton GEMV for one row (if configured), cuBLAS otherwise."""
+    """GemvLinear's forward: the batch-1 GEMV for one row (if configured), cuBLAS otherwise."""
     if config is not None and x.numel() == weight.shape[1]:
         return gemv(x, weight, bias, config, buffers)
     return F.linear(x, weight, bias)
 
 
-def config_label(config: GemvConfig | None) -> str:
+def config_label(config: AnyGemvConfig | None) -> str:
     if config is None:
         return "cublas"
+    if isinstance(config, Gemv16Config):
+        return config.label()
     split = f"s{config.split_k}" if config.split_k > 1 else ""
     return f"gemv-{config.block_n}x{config.block_k}w{config.num_warps}{split}"
 
 
-def _time_layers(fn_per_layer: list[Callable[[], object]], iters: int = 20) -> float:
-    """Median µs of one call, running every layer of a shape in turn (weights leave L2)."""
+def _time_layers(
+    fn_per_layer: list[Callable[[], object]], iters: int = 20, graph: bool = False
+) -> float:
+    """Median µs of one call, running every layer of a shape in turn (weights leave L2).
+
+    graph: time replays of a CUDA graph of those calls (at least GRAPH_CALLS per replay),
+    which is what the decode graph pays; run eagerly, a small layer's kernel finishes
+    before the host has launched the next, and the timing measures the launch path
+    (Python, ctypes) instead of the kernel. Eager timing if the capture fails."""
     for f in fn_per_layer:
         f()
+    run: Callable[[], object]
+    calls = len(fn_per_layer)
+    if graph:
+        try:
+            rounds = -(-GRAPH_CALLS // len(fn_per_layer))
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(rounds):
+                    for f in fn_per_layer:
+                        f()
+            run, calls = g.replay, rounds * len(fn_per_layer)
+            run()
+        except RuntimeError:
+            log.warning("gemv tuning: graph capture failed; timing eagerly", exc_info=True)
+            graph = False
+    if not graph:
+
+        def run() -> None:
+            for f in fn_per_layer:
+                f()
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(iters):
         start.record()
-        for f in fn_per_layer:
-            f()
+        run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fn_per_layer))
+        times.append(start.elapsed_time(end) * 1e3 / calls)
     return sorted(times)[len(times) // 2]
 
 
+GRAPH_CALLS = 32  # calls per timed graph replay (a shape with fewer layers repeats them)
+
+
 def _fused_call(
-    fusion: str, m: nn.Linear, cfg: GemvConfig, x: torch.Tensor, scratch: torch.Tensor
+    fusion: str, m: nn.Linear, cfg: AnyGemvConfig, x: torch.Tensor, scratch: torch.Tensor
 ) -> Callable[[], object]:
     glu = fusion == "norm_glu"
     buffers = split_buffers(m.out_features // 2 if glu else m.out_features, cfg, x.device)
@@ -371,19 +434,72 @@ def _fused_call(
     return partial(norm_gemv, x, norm_weight, 1e-6, m.weight, m.bias, cfg, glu, buffers)
 
 
+def _plain_calls(
+    cfg: AnyGemvConfig | None, mods: list[nn.Linear], x: torch.Tensor
+) -> list[Callable[[], object]]:
+    if cfg is None:
+        return [partial(F.linear, x, m.weight, m.bias) for m in mods]
+    buffers = split_buffers(mods[0].out_features, cfg, x.device)
+    return [partial(gemv, x, m.weight, m.bias, cfg, buffers) for m in mods]
+
+
+def _fused_calls(
+    fusion: str, cfg: AnyGemvConfig, mods: list[nn.Linear], x: torch.Tensor, scratch: torch.Tensor
+) -> list[Callable[[], object]]:
+    return [_fused_call(fusion, m, cfg, x, scratch) for m in mods]
+
+
+def _candidates(weight: torch.Tensor, fusion: str) -> list[AnyGemvConfig]:
+    """The Triton tiles and, where nib's CUDA kernels run on this GPU and take this
+    weight, the CUDA kernel's configs for the shape."""
+    out: list[AnyGemvConfig] = list(CANDIDATES)
+    glu = fusion == "norm_glu"
+    if gemv16.supports(weight, glu):
+        return out
+    from nib.engine.cuda.loader import available
+
+    if available(weight.device):
+        n, k = weight.shape
+        sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+        out += gemv16.candidates(n // 2 if glu else n, k, glu, sms)
+    return out
+
+
+def _fastest(
+    calls: list[tuple[AnyGemvConfig | None, Callable[[], list[Callable[[], object]]]]],
+) -> AnyGemvConfig | None:
+    """The config whose calls (every layer of a shape, in turn; built lazily) time
+    fastest inside a CUDA graph, the first on a tie. A CUDA config that fails here is
+    left out (the Triton tiles and cuBLAS always run)."""
+    best: tuple[float, AnyGemvConfig | None] | None = None
+    for cfg, make in calls:
+        try:
+            t = _time_layers(make(), graph=True)
+        except Exception:
+            if not isinstance(cfg, Gemv16Config):
+                raise
+            log.warning("gemv tuning: %s failed here; not a candidate", cfg.label(), exc_info=True)
+            continue
+        if best is None or t < best[0]:
+            best = (t, cfg)
+    assert best is not None
+    return best[1]
+
+
 def swap_in_gemv(
     model: nn.Module, tune: bool = True, fuse: bool = True
 ) -> dict[tuple[int, int], str]:
     """Replace every nn.Linear by GemvLinear, choosing per (out, in) shape the fastest
-    of cuBLAS and the candidate tile configs by timing all layers of that shape, and
-    (fuse) per (shape, fusion) the fastest tile config of the fused kernel.
+    of cuBLAS and the candidate configs (Triton tiles; the CUDA kernel's where it runs)
+    by timing all layers of that shape, and (fuse) per (shape, fusion) the fastest
+    config of the fused kernel. Untuned, every layer takes the first Triton tile.
     Returns {(out, in): chosen kernel name}."""
     linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     by_shape: dict[tuple[int, int], list[tuple[str, nn.Linear]]] = {}
     for name, m in linears:
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))
-    choice: dict[tuple[int, int], GemvConfig | None] = {}
-    fused: dict[tuple[int, int, str], GemvConfig] = {}
+    choice: dict[tuple[int, int], AnyGemvConfig | None] = {}
+    fused: dict[tuple[int, int, str], AnyGemvConfig] = {}
     for shape, mods in by_shape.items():
         device, dtype = mods[0][1].weight.device, mods[0][1].weight.dtype
         x = torch.randn(1, 1, shape[1], device=device, dtype=dtype)
@@ -392,29 +508,24 @@ def swap_in_gemv(
             choice[shape] = CANDIDATES[0]
             fused.update({(*shape, f): CANDIDATES[0] for f in fusions})
             continue
+        weight = mods[0][1].weight
         # A shape whose every layer fuses runs the plain kernel only off the fast path
         # (never at one row in practice): it takes the fused kernel's tiles untimed.
         if not (fusions and all(fusion_of(name) for name, _ in mods)):
-            best: tuple[float, GemvConfig | None] = (
-                _time_layers([partial(F.linear, x, m.weight, m.bias) for _, m in mods]),
-                None,
-            )
-            for cfg in CANDIDATES:
-                buffers = split_buffers(shape[0], cfg, device)
-                t = _time_layers(
-                    [partial(gemv, x, m.weight, m.bias, cfg, buffers) for _, m in mods]
-                )
-                if t < best[0]:
-                    best = (t, cfg)
-            choice[shape] = best[1]
+            members = [m for _, m in mods]
+            configs: list[AnyGemvConfig | None] = [None, *_candidates(weight, "")]
+            choice[shape] = _fastest([(c, partial(_plain_calls, c, members, x)) for c in configs])
         for fusion in fusions:
             group = [m for name, m in mods if fusion_of(name) == fusion]
             scratch = torch.zeros(shape[0], device=device, dtype=dtype)
-            timed = [
-                (_time_layers([_fused_call(fusion, m, cfg, x, scratch) for m in group]), i)
-                for i, cfg in enumerate(CANDIDATES)
-            ]
-            fused[(*shape, fusion)] = CANDIDATES[min(timed)[1]]
+            best = _fastest(
+                [
+                    (c, partial(_fused_calls, fusion, c, group, x, scratch))
+                    for c in _candidates(weight, fusion)
+                ]
+            )
+            assert best is not None
+            fused[(*shape, fusion)] = best
     labels: dict[tuple[int, int], str] = {}
     for name, m in linears:
         shape = (m.out_features, m.in_features)
