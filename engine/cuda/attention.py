@@ -52,9 +52,11 @@ def unsupported(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.d
 
 
 def default_splits(num_kv_heads: int, group: int, head_dim: int, sms: int) -> int:
-    """Blocks per KV head: about one block per SM in all, but few enough that the last
-    block's merge reads at most MERGE_BYTES of partials (splits x G x D x 4 bytes)."""
-    by_sms = max(1, round(sms / num_kv_heads))
+    """Blocks per KV head: at most one block per SM in all (an 8-warp block's shared
+    memory leaves room for one per SM: a second wave would double the time), but few
+    enough that the last block's merge reads at most MERGE_BYTES of partials
+    (splits x G x D x 4 bytes)."""
+    by_sms = max(1, sms // num_kv_heads)
     by_merge = max(1, MERGE_BYTES // (group * head_dim * 4))
     return max(1, min(by_sms, by_merge, MAX_SPLITS))
 

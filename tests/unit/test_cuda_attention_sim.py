@@ -401,6 +401,7 @@ def test_splits_cover_the_sequence_and_put_the_new_key_in_the_last_block() -> No
 def test_default_splits_keep_the_merge_small_and_fill_the_gpu() -> None:
     assert default_splits(32, 1, 128, 132) == 4  # Llama-2-7B: 128 blocks
     assert default_splits(2, 6, 128, 132) == 8  # Qwen2.5-1.5B: merge reads 8 x 3 KB
-    for kvh, group, d in ((8, 4, 128), (2, 3, 64), (1, 8, 128), (64, 1, 64)):
+    for kvh, group, d in ((8, 4, 128), (2, 3, 64), (1, 8, 128), (64, 1, 64), (48, 1, 128)):
         n = default_splits(kvh, group, d, 132)
         assert n >= 1 and n * group * d * 4 <= 24 << 10
+        assert n * kvh <= 132  # one wave
