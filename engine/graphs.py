@@ -13,7 +13,9 @@ each step writes its token into. Graphs:
 - verify-<T>: the current token and T-1 drafted ones (speculative decoding);
   writes every position's argmax and its log-probability.
 - decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
-  slots, so the host can read step n while step n+1 already runs.
+  slots, so the host can read step n while step n+1 already runs. RoPE, the
+  KV-cache write and attention are one CUDA kernel there (cuda/attention.py)
+  where it runs, else the Triton rope_cache + split-K pair.
 
 A body that fails to capture runs eagerly instead (same code, no graph): the
 shape stays served, `fallbacks` counts it and the state says why.
@@ -30,6 +32,7 @@ from functools import partial
 
 import torch
 
+from nib.engine.cuda.attention import for_model as fused_for_model
 from nib.engine.cuda.greedy import cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.graphs_common import decode_attend_fn
@@ -94,7 +97,15 @@ class GraphRunner:
         self.attention = DecodeAttention(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device
         )
-        self._decode_attend = decode_attend_fn(self.attention)
+        # One token: RoPE, the KV-cache write and attention in one CUDA launch where the
+        # kernel runs here; else (and for every multi-token graph) the Triton pair.
+        self.fused_attention, self.fused_attention_why = fused_for_model(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.max_context or max_context,
+            model.tok_embeddings.weight.dtype, device,
+        )  # fmt: skip
+        if self.fused_attention is None:
+            log.info("decode attention: triton rope_cache + split-K (%s)", self.fused_attention_why)
+        self._decode_attend = decode_attend_fn(self.attention, self.fused_attention)
         self.chunk_buckets = tuple(b for b in CHUNK_BUCKETS if b < max_context)
         self.chunk_attention = DecodeAttention(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device,

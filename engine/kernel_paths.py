@@ -140,7 +140,7 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
             "triton rms_norm (residual add fused); in the GEMV where a linear says +norm",
             "all",
         ),
-        KernelPath(layers, "rope_cache", "any", "triton rope_cache (RoPE + KV-cache write)", "all"),
+        *_rope_paths(layers, runner, rows),
         KernelPath(
             layers,
             "silu_mul",
@@ -148,13 +148,7 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
             "triton silu_mul; in the GEMV where a linear says +norm_glu",
             "all",
         ),
-        KernelPath(
-            layers,
-            "attention.decode",
-            "1",
-            "triton split-K decode attention",
-            _families(runner, 1, 1, head=False),
-        ),
+        _decode_attention_path(layers, runner),
     ]
     if multi:
         paths.append(
@@ -193,6 +187,46 @@ def _greedy_kernel(runner: GraphRunner) -> str:
     """The greedy step's argmax + log-probability: one CUDA kernel, or PyTorch's sequence."""
     greedy = getattr(runner, "greedy", None)  # test stand-ins for a runner may lack it
     return "torch argmax" if greedy is None else str(greedy.label)
+
+
+TRITON_ROPE = "triton rope_cache (RoPE + KV-cache write)"
+
+
+def _rope_paths(layers: str, runner: GraphRunner, rows: tuple[int, ...]) -> list[KernelPath]:
+    """RoPE + KV-cache write: inside the fused decode attention for one token when that
+    kernel runs, the Triton kernel for every row count otherwise."""
+    if getattr(runner, "fused_attention", None) is None:
+        return [KernelPath(layers, "rope_cache", "any", TRITON_ROPE, "all")]
+    paths = [
+        KernelPath(
+            layers, "rope_cache", "1", "in the cuda fused decode attention (attention.decode)",
+            _families(runner, 1, 1, head=False),
+        )
+    ]  # fmt: skip
+    more = [r for r in rows if r > 1]
+    if more:
+        graphs = _families(runner, more[0], more[-1], head=False)
+        paths.append(
+            KernelPath(layers, "rope_cache", _span(more[0], more[-1]), TRITON_ROPE, graphs)
+        )
+    return paths
+
+
+def _decode_attention_path(layers: str, runner: GraphRunner) -> KernelPath:
+    """The one-token attention: the fused CUDA kernel, or the Triton split-K kernel and
+    why (a fallback where nib's CUDA kernels should run here but could not be built)."""
+    graphs = _families(runner, 1, 1, head=False)
+    fused = getattr(runner, "fused_attention", None)
+    if fused is not None:
+        return KernelPath(layers, "attention.decode", "1", fused.label(), graphs)
+    why: str = getattr(runner, "fused_attention_why", "")
+    kernel = "triton split-K decode attention"
+    if not why:
+        return KernelPath(layers, "attention.decode", "1", kernel, graphs)
+    fallback = why.startswith("cuda kernels unavailable") and "switched off" not in why
+    return KernelPath(
+        layers, "attention.decode", "1", f"{kernel} (no cuda fused kernel: {why})", graphs, fallback
+    )
 
 
 def reference_paths(model: Transformer, *, fallback: bool) -> tuple[KernelPath, ...]:

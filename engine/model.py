@@ -44,13 +44,20 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         ops: TorchOps,
     ) -> torch.Tensor:
-        """qkv [1, T, q+2kv] -> RoPE, cache write, attention -> [1, T, q_size] (before wo)."""
+        """qkv [1, T, q+2kv] -> RoPE, cache write, attention -> [1, T, q_size] (before wo).
+
+        One token through an attend function that carries `rope_attend` (the decode
+        graph's fused CUDA kernel) takes that single launch instead."""
         cfg = self.cfg
         assert self.cache is not None, "call Transformer.setup_cache() first"
-        q = ops.rope_cache(
-            qkv, input_pos, rope[0], rope[1], self.cache, cfg.num_heads, cfg.num_kv_heads
-        )
-        y = attend(q, self.cache, input_pos, kv_len)
+        rope_attend = getattr(attend, "rope_attend", None)
+        if rope_attend is not None and qkv.shape[1] == 1:
+            y = rope_attend(qkv, input_pos, rope[0], rope[1], self.cache)
+        else:
+            q = ops.rope_cache(
+                qkv, input_pos, rope[0], rope[1], self.cache, cfg.num_heads, cfg.num_kv_heads
+            )
+            y = attend(q, self.cache, input_pos, kv_len)
         bsz, _, t, _ = y.shape
         return y.transpose(1, 2).reshape(bsz, t, cfg.q_size)
 

@@ -6,8 +6,9 @@ shapes it runs them, against the PyTorch reference (see selfcheck.py).
 - every linear shape at every class of row counts that picks a different kernel
   (the tuned GEMV or cuBLAS for 16-bit weights; the INT4 GEMV / MMA / dequant
   path, after any fallback on this GPU), with the layer's real weights;
-- decode attention (one query, the whole context), its multi-query form (the
-  chunk and verify graphs) and the prefill attention;
+- decode attention (one query, the whole context), the fused CUDA RoPE + KV-write +
+  attention of the decode graph where it runs, its multi-query form (the chunk and
+  verify graphs) and the prefill attention;
 - sampling: the Philox exponential noise (seeded, exponential), the whole
   device sampler against a reference race run with the same noise, and (where
   nib's CUDA kernels run) the greedy kernel's argmax and log-probability against
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,9 @@ from nib.engine.model import Transformer
 from nib.engine.ops import TorchOps, fresh_prefill_attention
 from nib.engine.quant.linear import Int4Linear
 from nib.engine.selfcheck import Case, Inputs, Outputs
+
+if TYPE_CHECKING:
+    from nib.engine.cuda.attention import FusedDecodeAttention
 
 # Twice what the kernel tests accept (tests/unit/test_kernels.py, tests/gpu): random
 # shapes of a real model, not a sweep tuned to pass. A wrong layout is off by ~1.
@@ -65,6 +70,7 @@ class CaseBuilder:
         rows: tuple[int, ...],
         decode_attention: DecodeAttention,
         chunk_attention: DecodeAttention | None,
+        fused_attention: FusedDecodeAttention | None = None,
     ) -> None:
         self.model = model
         self.cfg = model.cfg
@@ -74,6 +80,7 @@ class CaseBuilder:
         self.rows = rows
         self.decode_attention = decode_attention
         self.chunk_attention = chunk_attention
+        self.fused_attention = fused_attention
         self._seed = 0
         self._weight: tuple[int, torch.Tensor | None] = (0, None)
 
@@ -344,6 +351,9 @@ class CaseBuilder:
                 self.tol,
                 lambda: label,
             )
+        if self.fused_attention is not None:
+            for length in sorted({1, s // 2 + 3, s}):
+                yield self._fused_attention_case(self.fused_attention, length, heads)
         multi = self.chunk_attention
         if multi is not None and multi.max_queries > 1:
             t = min(multi.max_queries, s)
@@ -372,6 +382,51 @@ class CaseBuilder:
             reference,
             self.tol,
             lambda: "torch sdpa (causal)",
+        )
+
+    def _fused_attention_case(self, fused: FusedDecodeAttention, length: int, heads: str) -> Case:
+        """The decode graph's one launch (RoPE, the KV-cache write at p = length - 1,
+        attention over [0, p]) against the float64 reference of the same op: the output
+        and the cache rows written at p."""
+        from nib.engine.cuda.attention import reference as fused_reference
+
+        cfg, model, s = self.cfg, self.model, self.model.max_context
+        h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        seed = self.seed()
+
+        def inputs() -> Inputs:
+            g = _gen(self.device, seed)
+            return {
+                "qkv": _randn(g, 1, 1, (h + 2 * kvh) * d, dtype=self.dtype),
+                "k": _randn(g, 1, kvh, s, d, dtype=self.dtype),
+                "v": _randn(g, 1, kvh, s, d, dtype=self.dtype),
+                "positions": torch.tensor([length - 1], device=self.device),
+                "cos": model.rope_cos,
+                "sin": model.rope_sin,
+            }
+
+        def written(i: Inputs, out: torch.Tensor) -> Outputs:
+            p = length - 1
+            return out, i["k"][:, :, p], i["v"][:, :, p]
+
+        def run(i: Inputs) -> Outputs:
+            out = fused(i["qkv"], i["positions"], i["cos"], i["sin"], i["k"], i["v"])
+            return written(i, out)
+
+        def reference(i: Inputs) -> Outputs:
+            out = fused_reference(
+                i["qkv"], i["positions"], i["cos"], i["sin"], i["k"], i["v"], h, kvh
+            )
+            return written(i, out)
+
+        return Case(
+            "decode_attention",
+            f"queries=1 context={length} {heads} (rope + kv write fused)",
+            inputs,
+            run,
+            reference,
+            self.tol,
+            fused.label,
         )
 
     # -- sampling ------------------------------------------------------------------
@@ -551,7 +606,8 @@ def build_cases(
     rows: tuple[int, ...],
     decode_attention: DecodeAttention,
     chunk_attention: DecodeAttention | None = None,
+    fused_attention: FusedDecodeAttention | None = None,
 ) -> list[Case]:
     """Every case for `model` (its ops, linears and attention objects as the engine runs
     them), fed the row counts the engine uses."""
-    return CaseBuilder(model, rows, decode_attention, chunk_attention).cases()
+    return CaseBuilder(model, rows, decode_attention, chunk_attention, fused_attention).cases()

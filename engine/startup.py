@@ -71,7 +71,13 @@ def setup_gpu(engine: Engine) -> None:
     engine.runner = runner
     # The cases (and the reference weights they build) are gone once the check returns.
     report = run_self_check(
-        build_cases(model, engine_rows(runner), runner.attention, runner.chunk_attention),
+        build_cases(
+            model,
+            engine_rows(runner),
+            runner.attention,
+            runner.chunk_attention,
+            runner.fused_attention,
+        ),
         engine.hooks.tamper_selfcheck,
     )
     engine.selfcheck = report

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [tests] [int4-tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
+# cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
+# micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
@@ -40,6 +42,15 @@ for step in ${*:-tests int4 typing decode}; do
     tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
            grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | cut -c1-160 | head -20 ;;
+    cuda-tests) TAIL=8 run cuda-tests ${CUDA_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
+                  --maxfail=30 tests/gpu/test_cuda_*.py --junitxml="$LOGS/cuda-tests.xml"
+                grep -E "^(FAILED|ERROR)" "$LOGS/cuda-tests.log" | cut -c1-200 | head -30 ;;
+    micro) for m in bench/micro_*.py; do
+             name=$(basename "$m" .py)
+             extra=""  # the 16-bit sweep compiles Triton tiles: the short list, in a budget
+             [ "$name" = micro_gemv16 ] && extra="--quick --budget-s ${GEMV16_BUDGET:-100}"
+             TAIL=14 run "$name" ${MICRO_CAP:-150} python3 "$m" --out bench/results $extra
+           done ;;
     int4-tests) TAIL=8 run int4-tests ${INT4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q -x \
                   tests/gpu/test_int4_fused_gemv.py ;;
     int4) run int4 ${INT4_CAP:-160} python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;

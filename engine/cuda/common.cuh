@@ -180,3 +180,97 @@ NIB_DEVICE void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
       : "memory");
 }
 #endif
+
+// ---- shared memory, async copies, ldmatrix (sm_80+) ------------------------------
+// A generic pointer into shared memory as the 32-bit shared-window address PTX wants.
+NIB_DEVICE u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+NIB_DEVICE void st_shared16(u32 addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+NIB_DEVICE uint4 ld_shared16(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+// 16 bytes global -> shared without a register round trip, cached in L2 only; with
+// `ok` false nothing is read and the destination is zero-filled.
+NIB_DEVICE void cp_async16(u32 dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+NIB_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+NIB_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+// Four 8x8 b16 matrices; lane i gives the row address of matrix i / 8, row i % 8, and
+// receives in register j the elements (row lane/4, columns 2(lane%4), +1) of matrix j
+// (.trans: rows 2(lane%4), +1 of column lane/4).
+NIB_DEVICE void ldsm_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+NIB_DEVICE void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// The transpose of an 8x8 b16 matrix held as a fragment (lane: row lane/4, columns
+// 2(lane%4), +1): each lane gets the same positions of the transposed matrix.
+NIB_DEVICE u32 movmatrix_trans(u32 a) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
+// ---- more conversions, tensor cores, math, ordering -----------------------------
+NIB_DEVICE u32 pack_bf2(float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// Two fp32 values as a 16-bit pair of the activation dtype (lo in the low half).
+template <bool BF16>
+NIB_DEVICE u32 pack_act2(float lo, float hi) {
+  return BF16 ? pack_bf2(lo, hi) : pack_h2(lo, hi);
+}
+template <bool BF16>
+NIB_DEVICE float lo_act2f(u32 v) {
+  return BF16 ? bf2f((u16)(v & 0xffff)) : h2f((u16)(v & 0xffff));
+}
+template <bool BF16>
+NIB_DEVICE float hi_act2f(u32 v) {
+  return BF16 ? bf2f((u16)(v >> 16)) : h2f((u16)(v >> 16));
+}
+// mma16816 (fp16, above) with bf16 inputs.
+NIB_DEVICE void mma16816_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <bool BF16>
+NIB_DEVICE void mma16816_act(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (BF16) {
+    mma16816_bf16(d, a, b0, b1);
+  } else {
+    mma16816(d, a, b0, b1);
+  }
+}
+// 2^x (ex2.approx: ~2 ulp; 2^-inf = +0; results below 2^-126 flush to 0, which a
+// softmax weight next to its maximum's 1 never misses).
+NIB_DEVICE float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// This thread's earlier writes are visible GPU-wide before its later ones (split-K
+// partials before the counter that announces them; the counter before reading them).
+NIB_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }

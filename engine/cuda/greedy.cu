@@ -44,11 +44,6 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 
-NIB_DEVICE float ex2(float x) {  // 2^x, ~2 ulp; -inf -> 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 NIB_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
 NIB_DEVICE bool is_nan(float x) { return x != x; }
 // The logsumexp's reference point: the max, or 0 while nothing above -inf was seen.
