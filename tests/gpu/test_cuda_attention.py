@@ -194,10 +194,20 @@ def test_in_a_cuda_graph_replayed_at_increasing_positions(name: str, dtype: torc
 
 
 def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Every element equal or one unit in the last place of its dtype apart."""
+    """Every element equal or one unit in the last place of its dtype apart; a failure
+    names where the caches differ (positions, count, largest difference)."""
     ulp = 2.0**-7 if a.dtype == torch.bfloat16 else 2.0**-10
     diff = (a.float() - b.float()).abs()
-    return bool((diff <= ulp * torch.maximum(a.float().abs(), b.float().abs())).all())
+    bad = diff > ulp * torch.maximum(a.float().abs(), b.float().abs())
+    if bad.any():
+        where = bad.nonzero()
+        rows = sorted({int(r) for r in where[:, 2].tolist()})[:8]
+        raise AssertionError(
+            f"{int(bad.sum())} elements differ (cache positions {rows}, kv heads "
+            f"{sorted({int(h) for h in where[:, 1].tolist()})[:8]}), largest "
+            f"{float(diff.max()):.3e}; a {a.flatten()[:0].dtype} ulp is {ulp}"
+        )
+    return True
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
