@@ -193,21 +193,22 @@ def test_in_a_cuda_graph_replayed_at_increasing_positions(name: str, dtype: torc
     assert not prob.fused.counters.any()
 
 
-def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Every element equal or one unit in the last place of its dtype apart; a failure
-    names where the caches differ (positions, count, largest difference)."""
-    ulp = 2.0**-7 if a.dtype == torch.bfloat16 else 2.0**-10
-    diff = (a.float() - b.float()).abs()
-    bad = diff > ulp * torch.maximum(a.float().abs(), b.float().abs())
-    if bad.any():
-        where = bad.nonzero()
-        rows = sorted({int(r) for r in where[:, 2].tolist()})[:8]
-        raise AssertionError(
-            f"{int(bad.sum())} elements differ (cache positions {rows}, kv heads "
-            f"{sorted({int(h) for h in where[:, 1].tolist()})[:8]}), largest "
-            f"{float(diff.max()):.3e}; a {a.flatten()[:0].dtype} ulp is {ulp}"
-        )
-    return True
+# What the Triton rope kernel promises against the PyTorch reference (tests/unit/
+# test_kernels.py): a relative error, not bits. On the H200 it lands up to two bf16 ulps
+# from the reference on a few elements of a row; the fused kernel matches the
+# reference bit for bit (every test above).
+TRITON_ROPE_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def same_cache_up_to_triton_rope(fused: torch.Tensor, triton: torch.Tensor, p: int) -> None:
+    """Rows other than p identical; row p (RoPE'd by each kernel) within the Triton
+    rope kernel's own tolerance."""
+    others = torch.ones(fused.shape[2], dtype=torch.bool, device=fused.device)
+    others[p] = False
+    assert torch.equal(fused[:, :, others], triton[:, :, others]), "rows other than p differ"
+    a, b = fused[:, :, p].float(), triton[:, :, p].float()
+    rel = float((a - b).norm() / b.norm())
+    assert rel < TRITON_ROPE_TOL[fused.dtype], f"row {p}: relative difference {rel:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -227,9 +228,8 @@ def test_agrees_with_the_triton_pair_it_replaces(name: str, dtype: torch.dtype) 
         tri = triton_attention(q, k, v, pos)
         got = prob.fused(qkv, pos, prob.cos, prob.sin, prob.k, prob.v)
         torch.cuda.synchronize()
-        # The fused kernel matches the PyTorch reference's RoPE bit for bit (the tests
-        # above); the Triton rope kernel lands within one rounding step of it.
-        assert one_ulp_apart(prob.k, k) and torch.equal(prob.v, v)
+        same_cache_up_to_triton_rope(prob.k, k, p)
+        assert torch.equal(prob.v, v)
         err = float((got.float() - tri.float()).norm() / tri.float().norm())
         assert err <= 2 * TOL[dtype], f"{name} L={length}: {err:.2e} from the Triton pair"
 
@@ -281,7 +281,7 @@ def test_decode_steps_of_a_model_match_the_triton_path(
         ]
         b = model(ids[:, i : i + 1], pos, attend=fused_attend).float()
         for layer, (k, v) in zip(model.layers, caches, strict=True):
-            assert one_ulp_apart(layer.attention.cache.k, k)  # rewritten: RoPE'd k
+            same_cache_up_to_triton_rope(layer.attention.cache.k, k, i)
             assert torch.equal(layer.attention.cache.v, v)
         err = float((a - b).norm() / a.norm())
         assert err < 2e-2, f"step {i}: logits differ by {err:.2e}"
