@@ -23,11 +23,21 @@ from nib.engine.kv_cache import KVCache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length of the longest common prefix of a and b.
+
+    It runs on the engine thread before every prefill, against every entry: list slices
+    compare in C, so halving on them costs a few microseconds where a Python loop over a
+    2k-token prompt took ~90 per entry."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the first difference is before hi
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,34 @@ def test_wait_ready_returns_at_once_when_start_up_fails(random_model_dir: Path) 
     assert time.perf_counter() - started < 60
     assert isinstance(engine.failure, Crash)
     engine.stop()
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    """How often the thread has blocked so far (Linux: its /proc status)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status")
+    if not status.is_file():
+        pytest.skip("needs Linux /proc to count a thread's wake-ups")
+    for line in status.read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    pytest.skip("this kernel does not count context switches")
+
+
+def test_idle_engine_sleeps_until_a_request_comes(random_model_dir: Path) -> None:
+    """Between requests the engine thread blocks until submit() wakes it: no poll, sleep
+    or wait with a timeout, each of which would add its interval to a request's time to
+    first token. A thread that never wakes up by itself has no count of wake-ups to show."""
+    engine = Engine(EngineConfig(model_dir=random_model_dir, max_context=128)).start()
+    assert engine.wait_ready(60)
+    events: queue.Queue[Event] = queue.Queue()
+    engine.submit([1, 2], GenerationParams(max_tokens=2), events.put, "warm")
+    collect(events)
+    time.sleep(0.2)  # the engine is back in its wait
+    before = voluntary_switches(engine._thread)
+    time.sleep(1.0)
+    woke = voluntary_switches(engine._thread) - before
+    engine.submit([1, 2], GenerationParams(max_tokens=2), events.put, "after")
+    tokens, done = collect(events)
+    engine.stop()
+    assert woke <= 1, f"the idle engine thread woke {woke} times in 1 s"
+    assert tokens == 2 and done.finish_reason is FinishReason.LENGTH

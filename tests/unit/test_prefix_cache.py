@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nib.engine.engine import Engine, EngineConfig
 from nib.engine.kv_cache import KVCache
@@ -19,6 +21,19 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
+
+
+@given(
+    st.lists(st.integers(0, 2), max_size=70),
+    st.lists(st.integers(0, 2), max_size=70),
+    st.integers(0, 70),
+)
+def test_common_prefix_is_the_first_difference(a: list[int], tail: list[int], keep: int) -> None:
+    b = a[:keep] + tail  # shares at least min(keep, len(a)) tokens with a
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_prefix(a, b) == common_prefix(b, a) == n
 
 
 def test_logits_after_reused_prefix_equal_cold_prefill(random_model_dir: Path) -> None:
