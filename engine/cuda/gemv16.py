@@ -4,9 +4,10 @@ At one row a decode step streams every weight byte once, so the GEMV should run
 at the copy bandwidth; the Triton kernel (kernels/gemv.py) reaches 3.3-3.7 TB/s
 on 7B layers and much less at K = 1536. gemv16.cu keeps U 16-byte loads per
 row in flight in each lane's registers and does ~2 instructions per weight, so
-memory, not issue, sets its pace. The entry points mirror kernels/gemv.py's
-(`gemv`, `norm_gemv`, `gemv_residual`) with the same semantics, and
-kernels/gemv.py calls them when a layer's tuned config is a `Gemv16Config`.
+memory, not issue, sets its pace. `launch` computes kernels/gemv.py's
+`_launch` (same semantics and epilogues); kernels/gemv.py's entry points
+(`gemv`, `norm_gemv`, `gemv_residual`) call it when a layer's tuned config is a
+`Gemv16Config` and the call's tensors meet `accepts`.
 
 Napkin math (Llama-2-7B gate_up, 4096 -> 22016, bf16): 180 MB of weights; at
 4.28 TB/s that is 42.1 us (cuBLAS: 45.8 us).
@@ -223,59 +224,6 @@ def launch(
         int(norm_weight is not None), eps,
     )  # fmt: skip
     kernel.launch(geo.grid, (cfg.warps * 32,), args, geo.shared, pdl=pdl(x.device))
-
-
-def gemv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    cfg: Gemv16Config,
-    buffers: SplitBuffers | None = None,
-) -> torch.Tensor:
-    """x [..., K] with one row in total; weight [N, K] row-major."""
-    n = weight.shape[0]
-    y = torch.empty(n, dtype=x.dtype, device=x.device)
-    launch(x.reshape(-1), weight, bias, y, n, cfg, buffers=buffers)
-    return y.view(*x.shape[:-1], n)
-
-
-def norm_gemv(
-    h: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    cfg: Gemv16Config,
-    glu: bool = False,
-    buffers: SplitBuffers | None = None,
-) -> torch.Tensor:
-    """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
-    silu(gate) * up. h [..., K] holds one row."""
-    n = weight.shape[0] // 2 if glu else weight.shape[0]
-    if glu and bias is not None:
-        raise ValueError("norm_gemv: the GLU epilogue takes no bias")
-    y = torch.empty(n, dtype=h.dtype, device=h.device)
-    launch(
-        h.reshape(-1), weight, bias, y, n, cfg, norm_weight.reshape(-1), eps, glu=glu,
-        buffers=buffers,
-    )  # fmt: skip
-    return y.view(*h.shape[:-1], n)
-
-
-def gemv_residual(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor,
-    cfg: Gemv16Config,
-    buffers: SplitBuffers | None = None,
-) -> None:
-    """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
-    if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
-        raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
-    n = weight.shape[0]
-    launch(x.reshape(-1), weight, bias, residual.view(-1), n, cfg, epi=EPI_RESIDUAL,
-           buffers=buffers)  # fmt: skip
 
 
 def reference(

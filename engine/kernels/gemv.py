@@ -16,7 +16,7 @@ decoder layer is then six launches: qkv+norm, RoPE+cache write, attention,
 o_proj+residual, gate_up+norm+SiLU·mul, down+residual.
 
 Where nib's CUDA kernels build and load (cuda/loader.py), the CUDA C++ GEMV
-(cuda/gemv16.py: the same entry points and semantics, more loads in flight) joins
+(cuda/gemv16.py: the same semantics, more loads in flight; `_launch` dispatches) joins
 the candidates: a layer whose config is a `Gemv16Config` runs it, and a call it
 cannot take (a misaligned or odd-typed tensor) runs the first Triton tile instead.
 
@@ -201,12 +201,25 @@ def _launch(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     n: int,
-    cfg: GemvConfig,
+    cfg: AnyGemvConfig,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     epilogue: int = EPI_NONE,
     buffers: SplitBuffers | None = None,
 ) -> None:
+    """out[:n] = (epilogue of) W x, on the kernel cfg names: the CUDA GEMV for a
+    Gemv16Config whose call meets gemv16's rules, else the Triton kernel (FALLBACK for a
+    CUDA config whose tensors break them)."""
+    if isinstance(cfg, Gemv16Config):
+        nw = None if norm_weight is None else norm_weight.reshape(-1)
+        if gemv16.accepts(x, weight, bias, nw, out):
+            epi = gemv16.EPI_RESIDUAL if epilogue == EPI_RESIDUAL else gemv16.EPI_PLAIN
+            gemv16.launch(
+                x.reshape(-1), weight, bias, out.view(-1), n, cfg, nw, eps, epi,
+                glu=epilogue == EPI_GLU, buffers=buffers,
+            )  # fmt: skip
+            return
+        cfg, buffers = FALLBACK, None
     k = weight.shape[1]
     if x.numel() != k or weight.stride(1) != 1:
         raise ValueError(f"gemv: x must hold one row of {k} and weight must be row-major")
@@ -230,10 +243,6 @@ def gemv(
     buffers: SplitBuffers | None = None,
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
-    if isinstance(cfg, Gemv16Config):
-        if gemv16.accepts(x, weight, bias):
-            return gemv16.gemv(x, weight, bias, cfg, buffers)
-        cfg, buffers = FALLBACK, None
     n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     _launch(x, weight, bias, y, n, cfg, buffers=buffers)
@@ -255,10 +264,6 @@ def norm_gemv(
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     if glu and bias is not None:
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
-    if isinstance(cfg, Gemv16Config):
-        if gemv16.accepts(h, weight, bias, norm_weight.reshape(-1)):
-            return gemv16.norm_gemv(h, norm_weight, eps, weight, bias, cfg, glu, buffers)
-        cfg, buffers = FALLBACK, None
     y = torch.empty(n, dtype=h.dtype, device=h.device)
     epilogue = EPI_GLU if glu else EPI_NONE
     _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers)
@@ -276,11 +281,6 @@ def gemv_residual(
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
     if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
         raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
-    if isinstance(cfg, Gemv16Config):
-        if gemv16.accepts(x, weight, bias, out=residual):
-            gemv16.gemv_residual(x, weight, bias, residual, cfg, buffers)
-            return
-        cfg, buffers = FALLBACK, None
     n = weight.shape[0]
     _launch(x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers)
 

@@ -145,23 +145,26 @@ def test_every_config_and_fusion_matches_the_reference(layer: str, dtype: torch.
 
 
 def test_entry_points_match_gemv_py_signatures_and_shapes() -> None:
-    """gemv / norm_gemv / gemv_residual keep the input's leading dims, like kernels/gemv.py's."""
+    """kernels/gemv.py's gemv / norm_gemv / gemv_residual on a CUDA config keep the
+    input's leading dims and run gemv16."""
+    from nib.engine.kernels.gemv import gemv as any_gemv
+    from nib.engine.kernels.gemv import gemv_residual, norm_gemv
+
     t = _inputs(256, 512, torch.bfloat16, salt=1)
     cfg = Gemv16Config(2, 4, 4)
     x = t["x"].view(1, 1, -1)
-    y = gemv16.gemv(x, t["w"], t["b"], cfg)
+    y = any_gemv(x, t["w"], t["b"], cfg)
     assert y.shape == (1, 1, 256)
     check(y, gemv16.reference(x, t["w"], t["b"]), "gemv")
-    y = gemv16.norm_gemv(x, t["nw"], 1e-6, t["w"], None, cfg, glu=True)
+    y = norm_gemv(x, t["nw"], 1e-6, t["w"], None, cfg, glu=True)
     assert y.shape == (1, 1, 128)
     check(y, gemv16.reference(x, t["w"], None, t["nw"], 1e-6, glu=True), "norm_gemv glu")
     r = t["res"].view(1, 1, -1).clone()
-    gemv16.gemv_residual(x, t["w"], t["b"], r, cfg)
+    gemv_residual(x, t["w"], t["b"], r, cfg)
     check(r, gemv16.reference(x, t["w"], t["b"], residual=t["res"]), "gemv_residual")
     with pytest.raises(ValueError, match="GLU"):
-        gemv16.norm_gemv(x, t["nw"], 1e-6, t["w"], t["b"], cfg, glu=True)
-    # A misaligned input: the wrapper refuses it, kernels/gemv.py's seam runs Triton instead.
-    from nib.engine.kernels.gemv import gemv as any_gemv
+        norm_gemv(x, t["nw"], 1e-6, t["w"], t["b"], cfg, glu=True)
+    # A misaligned input: gemv16 refuses it, kernels/gemv.py's seam runs Triton instead.
 
     x_mis = torch.empty(513, dtype=torch.bfloat16, device=DEVICE)[1:]
     x_mis.copy_(t["x"])
