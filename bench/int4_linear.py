@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_gbps, write_readme_table
 
+from nib.engine.cuda.timing import graph_us
 from nib.engine.quant import fused_gemv as fg
 from nib.engine.quant import kernels
 from nib.engine.quant.layout import pack
@@ -47,30 +47,6 @@ CALLS = 40  # per graph
 BUDGET_S = 200.0  # stop trying extra nib configurations past this
 
 
-def time_in_graph(fns: list) -> float:
-    """Median microseconds per call of fns run round-robin, CALLS per CUDA graph replay."""
-    for f in fns:
-        f()  # compile / allocate before capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fns[0]()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(CALLS):
-                fns[i % len(fns)]()
-    times = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return statistics.median(times[2:])
-
-
 def copies(nbytes: int) -> int:
     return max(2, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
 
@@ -83,7 +59,7 @@ def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[d
     w_bytes = n * k * 2
     ws = [torch.randn(n, k, device="cuda", generator=g).half() for _ in range(copies(w_bytes))]
     outs = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    us = time_in_graph([lambda w=w: torch.matmul(x16, w.t(), out=outs) for w in ws])
+    us = graph_us([lambda w=w: torch.matmul(x16, w.t(), out=outs) for w in ws], calls=CALLS)
     rows.append({"impl": "cublas-fp16", "us_median": us, "weight_bytes": w_bytes})
     del ws
     # codes and scales shared by the INT4 rows
@@ -106,8 +82,9 @@ def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[d
     tiny_out = torch.ops.aten._weight_int4pack_mm(x_bf, packed, 128, sz)
     tiny_err = float((tiny_out.float() - ref).norm() / ref.norm())
     tiny = [packed] + [packed.clone() for _ in range(copies(tiny_bytes) - 1)]
-    us = time_in_graph(
-        [lambda p=p: torch.ops.aten._weight_int4pack_mm(x_bf, p, 128, sz) for p in tiny]
+    us = graph_us(
+        [lambda p=p: torch.ops.aten._weight_int4pack_mm(x_bf, p, 128, sz) for p in tiny],
+        calls=CALLS,
     )
     rows.append(
         {"impl": "torch-int4", "us_median": us, "weight_bytes": tiny_bytes, "rel_err": tiny_err}
@@ -136,8 +113,9 @@ def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[d
             if not err <= 1e-3:
                 tried.append(f"{cfg.label()}: WRONG (rel err {err:.1e})")
                 continue
-            us = time_in_graph(
-                [lambda w=w, s=s, c=cfg: kernels.run(x16, w, s, None, c, out=out) for w, s in nib]
+            us = graph_us(
+                [lambda w=w, s=s, c=cfg: kernels.run(x16, w, s, None, c, out=out) for w, s in nib],
+                calls=CALLS,
             )
         except Exception as exc:  # a configuration that does not compile or launch here
             tried.append(
@@ -162,13 +140,14 @@ def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[d
                 if not err <= 1e-3:
                     tried.append(f"{cfg.label()}: WRONG (rel err {err:.1e})")
                     continue
-                us = time_in_graph(
+                us = graph_us(
                     [
                         lambda w=w, s=s, c=cfg, b=b: fg.launch(
                             x16, w, s, None, out1, n, c, buffers=b
                         )
                         for (w, s), b in zip(nib, bufs, strict=True)
-                    ]
+                    ],
+                    calls=CALLS,
                 )
             except Exception as exc:  # a configuration that does not compile or launch here
                 tried.append(f"{cfg.label()}: {type(exc).__name__}: {str(exc)[:120]}")
@@ -223,7 +202,9 @@ def bench_cuda(
                 continue
             for layer in layers:
                 layer.prepare(eff, m)
-            us = time_in_graph([lambda p=p, c=eff: p.run(x16, out, m, c, 0) for p in layers])
+            us = graph_us(
+                [lambda p=p, c=eff: p.run(x16, out, m, c, 0) for p in layers], calls=CALLS
+            )
         except Exception as exc:  # a configuration that fails here is reported, not fatal
             tried.append(f"{eff.label()}: {type(exc).__name__}: {str(exc)[:160]}")
             continue

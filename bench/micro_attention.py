@@ -26,7 +26,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -35,6 +34,8 @@ from functools import partial
 from pathlib import Path
 
 import torch
+
+from nib.engine.cuda.timing import graph_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_gbps, device_name
@@ -57,29 +58,6 @@ PAIR = "triton rope + attention"
 def layers_for(kv_bytes: int) -> int:
     """Layer copies per graph: enough that one replay reads 4x the L2 from HBM."""
     return max(MIN_LAYERS, min(MAX_LAYERS, math.ceil(4 * L2_BYTES / max(kv_bytes, 1))))
-
-
-def time_in_graph(calls: list[Callable[[], object]]) -> float:
-    """Median microseconds per call of `calls` run once each per CUDA graph replay."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for c in calls[:2]:
-            c()  # compile / load before capture
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for c in calls:
-            c()
-    times = []
-    for _ in range(REPLAYS + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times[3:])
 
 
 class Layers:
@@ -177,7 +155,7 @@ def bench_length(
     triton = triton_calls(layers, pos, n)
     for kernel, calls in triton.items():
         try:
-            rec.add(kernel, "", time_in_graph(calls))
+            rec.add(kernel, "", graph_us(calls, reps=REPLAYS))
         except Exception as exc:
             rec.add(kernel, "", None, f"{type(exc).__name__}: {exc}")
     want = triton[PAIR][0]().float()  # layer 0's output, to check each variant against
@@ -192,7 +170,7 @@ def bench_length(
                 for i in range(n)
             ]
             err = float((calls[0]().float() - want).norm() / want.norm())
-            us = time_in_graph(calls)
+            us = graph_us(calls, reps=REPLAYS)
             label = f"default {fused.shape.label()}" if name == "default" else name
             rec.add("cuda fused", label, us, "" if err < 3e-2 else f"disagrees: {err:.2e}")
             rec.rows[-1]["rel_err_vs_triton"] = round(err, 6)

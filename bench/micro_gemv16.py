@@ -25,10 +25,8 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_gbps, device_name
 
 from nib.engine.cuda import gemv16
+from nib.engine.cuda.timing import graph_us
 from nib.engine.kernels import gemv as tg
 
 # (layer, out N, in K, fusion, bias); gate_up's N holds gate and up (N/2 outputs).
@@ -58,30 +57,6 @@ ROTATE_BYTES = 512 << 20  # >> 60 MiB of L2
 CALLS = 40  # per graph replay
 TOL = 2e-3  # relative error against the float64 reference (bf16 outputs)
 DTYPE = torch.bfloat16
-
-
-def time_in_graph(fns: list[Callable[[], object]]) -> float:
-    """Median microseconds per call of fns run round-robin, CALLS per CUDA graph replay."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fns[0]()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(CALLS):
-                fns[i % len(fns)]()
-    times = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return statistics.median(times[2:])
 
 
 def copies(nbytes: int) -> int:
@@ -162,7 +137,9 @@ def best_of(
                 tried.append(f"{label}: WRONG (rel err {err:.1e})")
                 continue
             buffers = tg.split_buffers(n_out, cfg, torch.device("cuda"))
-            us = time_in_graph([partial(layer.call, mode, cfg, w, buffers) for w in layer.ws])
+            us = graph_us(
+                [partial(layer.call, mode, cfg, w, buffers) for w in layer.ws], calls=CALLS
+            )
         except Exception as exc:  # a config that does not compile or launch here
             tried.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             continue
@@ -186,7 +163,7 @@ def bench_layer(
             .norm()
             .div(layer.reference("plain").norm())
         )
-        us = time_in_graph([partial(F.linear, layer.x, w, layer.b) for w in layer.ws])
+        us = graph_us([partial(F.linear, layer.x, w, layer.b) for w in layer.ws], calls=CALLS)
         rows.append({"impl": "cublas", "mode": "plain", "us_median": us, "rel_err": err})
     except Exception as exc:
         print(f"  cublas failed: {exc}", file=sys.stderr)

@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 import traceback
 from collections.abc import Callable
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import device_name
 
 from nib.engine.cuda.greedy import CudaGreedy, blocks_for
+from nib.engine.cuda.timing import graph_us
 
 CALLS = 20
 REPLAYS = 50
@@ -56,31 +56,6 @@ SHAPES = (
     ("qwen2.5", 151936, torch.bfloat16, 1, True),
     ("qwen2.5", 151936, torch.bfloat16, 8, False),
 )
-
-
-def time_graph(calls: list[Callable[[], None]]) -> float:
-    """Median microseconds per call of `calls`, captured back to back into one graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls[:2]:
-            c()  # warm-up (kernel loads, pinned mappings) before capture
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for c in calls:
-            c()
-    times = []
-    for _ in range(REPLAYS + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            a.record(stream)
-            graph.replay()
-            b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times[3:])
 
 
 def torch_finish(
@@ -154,7 +129,7 @@ def bench_shape(
                 "blocks_per_row": blocks_for(vocab, dtype), "bytes": row_bytes,
             }  # fmt: skip
             try:
-                us = time_graph([variants(x)[name] for x in picks])
+                us = graph_us([variants(x)[name] for x in picks], reps=REPLAYS)
                 record["us"] = round(us, 2)
                 record["gb_per_s"] = round(row_bytes / (us * 1e-6) / 1e9, 1)
             except Exception as exc:  # report and go on with the other variants

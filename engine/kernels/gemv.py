@@ -40,6 +40,7 @@ from torch import nn
 
 from nib.engine.cuda import gemv16
 from nib.engine.cuda.gemv16 import Gemv16Config
+from nib.engine.cuda.timing import graph_us
 
 log = logging.getLogger("nib.engine")
 
@@ -382,41 +383,26 @@ def _time_layers(
 ) -> float:
     """Median µs of one call, running every layer of a shape in turn (weights leave L2).
 
-    graph: time replays of a CUDA graph of those calls (at least GRAPH_CALLS per replay),
-    which is what the decode graph pays; run eagerly, a small layer's kernel finishes
-    before the host has launched the next, and the timing measures the launch path
-    (Python, ctypes) instead of the kernel. Eager timing if the capture fails."""
-    for f in fn_per_layer:
-        f()
-    run: Callable[[], object]
-    calls = len(fn_per_layer)
+    graph: time replays of a CUDA graph of those calls (cuda/timing.py), which is what
+    the decode graph pays; run eagerly, a small layer's kernel finishes before the host
+    has launched the next, and the timing measures the launch path (Python, ctypes)
+    instead of the kernel. Eager timing if the capture fails."""
     if graph:
         try:
-            rounds = -(-GRAPH_CALLS // len(fn_per_layer))
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(rounds):
-                    for f in fn_per_layer:
-                        f()
-            run, calls = g.replay, rounds * len(fn_per_layer)
-            run()
+            return graph_us(fn_per_layer, calls=GRAPH_CALLS, reps=iters)
         except RuntimeError:
             log.warning("gemv tuning: graph capture failed; timing eagerly", exc_info=True)
-            graph = False
-    if not graph:
-
-        def run() -> None:
-            for f in fn_per_layer:
-                f()
-
+    for f in fn_per_layer:
+        f()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(iters):
         start.record()
-        run()
+        for f in fn_per_layer:
+            f()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
+        times.append(start.elapsed_time(end) * 1e3 / len(fn_per_layer))
     return sorted(times)[len(times) // 2]
 
 
