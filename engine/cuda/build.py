@@ -109,8 +109,11 @@ _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
-def resources(source: Path | str, target: str, flags: tuple[str, ...] = ()) -> list[Resources]:
-    """ptxas's resource report for every kernel of `source` (compiles; not cached)."""
+@cache
+def resources(
+    source: Path | str, target: str, flags: tuple[str, ...] = ()
+) -> tuple[Resources, ...]:
+    """ptxas's resource report for every kernel of `source` (compiles once per process)."""
     src = Path(source) if Path(source).is_absolute() else HERE / source
     with tempfile.TemporaryDirectory() as tmp:
         log = _run_nvcc(src, target, Path(tmp) / "out.cubin", (*flags, "-Xptxas", "-v"))
@@ -124,4 +127,4 @@ def resources(source: Path | str, target: str, flags: tuple[str, ...] = ()) -> l
         elif (m := _USED.search(line)) and name:
             out.append(Resources(name, int(m[1]), *stack, int(m[2] or 0)))
             name, stack = "", (0, 0, 0)
-    return out
+    return tuple(out)

@@ -11,22 +11,16 @@ import torch
 
 from nib.engine.cuda import attention as fused
 from nib.engine.cuda import build
+from tests.unit.cuda_tools import nvcc_or_skip
 
 KERNELS = {
     f"rope_attend_d{d}_{dt}_w{w}" for d in (64, 128) for dt in ("bf16", "f16") for w in (4, 8)
 }
 
 
-def _nvcc_or_skip() -> None:
-    try:
-        build.nvcc()
-    except build.CudaBuildError as exc:
-        pytest.skip(f"no nvcc here: {exc}")
-
-
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 def test_every_kernel_compiles_without_spills(target: str) -> None:
-    _nvcc_or_skip()
+    nvcc_or_skip()
     report = {r.kernel: r for r in build.resources("attention.cu", target)}
     assert set(report) == KERNELS
     for r in report.values():

@@ -12,21 +12,15 @@ import pytest
 import torch
 
 from nib.engine.cuda import build, loader
+from tests.unit.cuda_tools import nvcc_or_skip
 
 SOURCES = loader.SOURCES
-
-
-def _nvcc_or_skip() -> None:
-    try:
-        build.nvcc()
-    except build.CudaBuildError as exc:
-        pytest.skip(f"no nvcc here: {exc}")
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("source", SOURCES)
 def test_compiles_without_spills(source: str, target: str) -> None:
-    _nvcc_or_skip()
+    nvcc_or_skip()
     report = build.resources(source, target)
     assert report, f"{source}: ptxas reported no kernels"
     for r in report:
@@ -55,7 +49,7 @@ def test_every_w4a16_config_has_a_kernel() -> None:
 
 
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    _nvcc_or_skip()
+    nvcc_or_skip()
     monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path))
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(int* p) { p[threadIdx.x] = 1; }\n')
@@ -69,7 +63,7 @@ def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type
 
 
 def test_a_source_that_does_not_compile_says_why(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    _nvcc_or_skip()
+    nvcc_or_skip()
     monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path))
     src = tmp_path / "bad.cu"
     src.write_text('extern "C" __global__ void k(int* p) { p[threadIdx.x] = undefined_name; }\n')

@@ -14,15 +14,9 @@ import pytest
 
 from nib.engine.cuda import build
 from nib.engine.cuda.gemv16 import GLU, PLAIN, Gemv16Config, kernel_name
+from tests.unit.cuda_tools import nvcc_or_skip
 
 torch = pytest.importorskip("torch")
-
-
-def _nvcc_or_skip() -> None:
-    try:
-        build.nvcc()
-    except build.CudaBuildError as exc:
-        pytest.skip(f"needs nvcc: {exc}")
 
 
 def _expected_kernels() -> set[str]:
@@ -48,7 +42,7 @@ def test_the_source_instantiates_exactly_the_python_tables() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 def test_every_kernel_compiles_without_spills_or_stack(target: str) -> None:
-    _nvcc_or_skip()
+    nvcc_or_skip()
     report = build.resources("gemv16.cu", target)
     assert {r.kernel for r in report} == _expected_kernels()
     for r in report:

@@ -33,6 +33,7 @@ from nib.engine.cuda.greedy import (
     check_call,
 )
 from nib.engine.kernel_paths import _greedy_kernel
+from tests.unit.cuda_tools import nvcc_or_skip
 
 SOURCE = Path(build.HERE) / "greedy.cu"
 KERNEL_NAMES = {f"greedy_{d}{b}" for d in ("f32", "f16", "bf16") for b in ("", "_bias")}
@@ -40,16 +41,9 @@ NONE = 0x7FFFFFFF
 WARPS = THREADS // 32
 
 
-def _nvcc_or_skip() -> None:
-    try:
-        build.nvcc()
-    except build.CudaBuildError as exc:
-        pytest.skip(f"needs nvcc to compile greedy.cu: {exc}")
-
-
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 def test_every_kernel_compiles_without_spills(target: str) -> None:
-    _nvcc_or_skip()
+    nvcc_or_skip()
     report = {r.kernel: r for r in build.resources("greedy.cu", target)}
     assert set(report) == KERNEL_NAMES
     for r in report.values():
