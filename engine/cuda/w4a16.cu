@@ -232,17 +232,22 @@ NIB_DEVICE void load_b(const W4Args& a, const Block& b, const u16* xs, int ch, i
   v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
 }
 
-// acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
-template <int MT, int R, bool SMEM_X>
-NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
-                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
-  float part[R][MT][4];
+template <int R, int MT>
+NIB_DEVICE void zero(float (&a)[R][MT][4]) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[r][mt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) a[r][mt][e] = 0.f;
+}
+
+// acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
+template <int MT, int R, bool SMEM_X>
+NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
+                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
+  float part[R][MT][4];
+  zero(part);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     u32 bx[MT][8];
@@ -403,12 +408,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
+  zero(acc);
   for (int base = 0; base < n_w; base += PF) {
 #pragma unroll
     for (int p = 0; p < PF; ++p) {
@@ -468,12 +468,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][mt][e] = 0.f;
+  zero(acc);
   for (int i = 0; i < steps; ++i) {
     const int stage = i % NS;
     mbar_wait(bars + stage, (u32)((i / NS) & 1));
