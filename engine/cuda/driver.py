@@ -15,7 +15,6 @@ import ctypes
 import ctypes.util
 import threading
 from functools import cache
-from typing import Any
 
 import torch
 
@@ -239,8 +238,3 @@ def host_device_pointer(host_ptr: int, device: torch.device) -> int:
 def ptr(t: torch.Tensor | None) -> int:
     """A tensor's device address for an argument struct (0 for None)."""
     return 0 if t is None else int(t.data_ptr())
-
-
-def describe(args: ctypes.Structure) -> dict[str, Any]:
-    """An argument struct as a dict (for error messages and logs)."""
-    return {name: getattr(args, name) for name, _ in args._fields_}  # type: ignore[attr-defined]

@@ -84,10 +84,6 @@ class Int4Linear(nn.Module):
         self.m1 = None
         self.qweight = torch.empty(0, dtype=torch.int32, device=packed.device)
 
-    @property
-    def on_gpu(self) -> bool:
-        return self.cuda is not None or self.qweight.device.type == "cuda"
-
     def kernel(self, rows: int) -> str | None:
         """The batch-1 GEMV's label for one row (with its fusion), else None."""
         if self.cuda is not None:
