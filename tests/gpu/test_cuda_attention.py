@@ -200,15 +200,21 @@ def test_in_a_cuda_graph_replayed_at_increasing_positions(name: str, dtype: torc
 TRITON_ROPE_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-def same_cache_up_to_triton_rope(fused: torch.Tensor, triton: torch.Tensor, p: int) -> None:
-    """Rows other than p identical; row p (RoPE'd by each kernel) within the Triton
-    rope kernel's own tolerance."""
+def same_cache_up_to_row(
+    fused: torch.Tensor, triton: torch.Tensor, p: int, tol: float | None = None
+) -> None:
+    """Rows other than p identical; row p (written by each path) within `tol` (default:
+    the Triton rope kernel's own tolerance; 0: identical)."""
     others = torch.ones(fused.shape[2], dtype=torch.bool, device=fused.device)
     others[p] = False
     assert torch.equal(fused[:, :, others], triton[:, :, others]), "rows other than p differ"
     a, b = fused[:, :, p].float(), triton[:, :, p].float()
+    if tol == 0:
+        assert torch.equal(a, b), f"row {p} differs"
+        return
     rel = float((a - b).norm() / b.norm())
-    assert rel < TRITON_ROPE_TOL[fused.dtype], f"row {p}: relative difference {rel:.2e}"
+    limit = TRITON_ROPE_TOL[fused.dtype] if tol is None else tol
+    assert rel < limit, f"row {p}: relative difference {rel:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -224,14 +230,21 @@ def test_agrees_with_the_triton_pair_it_replaces(name: str, dtype: torch.dtype) 
         qkv = prob.qkv()
         pos = torch.tensor([p], device=DEVICE)
         k, v = prob.k.clone(), prob.v.clone()
+        want = prob.expected(qkv, p)[0]  # float64, from the caches before either writes
         q = rope_cache(qkv, pos, prob.cos, prob.sin, k, v, prob.h, prob.kvh)
         tri = triton_attention(q, k, v, pos)
         got = prob.fused(qkv, pos, prob.cos, prob.sin, prob.k, prob.v)
         torch.cuda.synchronize()
-        same_cache_up_to_triton_rope(prob.k, k, p)
+        same_cache_up_to_row(prob.k, k, p)
         assert torch.equal(prob.v, v)
-        err = float((got.float() - tri.float()).norm() / tri.float().norm())
-        assert err <= 2 * TOL[dtype], f"{name} L={length}: {err:.2e} from the Triton pair"
+        # Each against the float64 reference: the fused kernel within the tolerance, and
+        # no further from it than the pair it replaces (which, over long contexts, is
+        # the less exact of the two: its RoPE rounds differently).
+        fused_err = float((got.double() - want).norm() / want.norm())
+        tri_err = float((tri.double() - want).norm() / want.norm())
+        what = f"{name} L={length}: fused {fused_err:.2e}, Triton pair {tri_err:.2e}"
+        assert fused_err <= TOL[dtype], what
+        assert fused_err <= tri_err + TOL[dtype] / 2, what
 
 
 def test_the_split_plan_the_kernel_uses() -> None:
@@ -280,8 +293,12 @@ def test_decode_steps_of_a_model_match_the_triton_path(
             (la.attention.cache.k.clone(), la.attention.cache.v.clone()) for la in model.layers
         ]
         b = model(ids[:, i : i + 1], pos, attend=fused_attend).float()
-        for layer, (k, v) in zip(model.layers, caches, strict=True):
-            same_cache_up_to_triton_rope(layer.attention.cache.k, k, i)
-            assert torch.equal(layer.attention.cache.v, v)
+        for depth, (layer, (k, v)) in enumerate(zip(model.layers, caches, strict=True)):
+            # Layer 0 writes the same inputs' k (up to the Triton RoPE) and v (exactly);
+            # deeper layers' new rows come from hidden states the two paths rounded
+            # differently, so they agree within the logits' tolerance.
+            cache = layer.attention.cache
+            same_cache_up_to_row(cache.k, k, i, None if depth == 0 else 2e-2)
+            same_cache_up_to_row(cache.v, v, i, 0 if depth == 0 else 2e-2)
         err = float((a - b).norm() / a.norm())
         assert err < 2e-2, f"step {i}: logits differ by {err:.2e}"
