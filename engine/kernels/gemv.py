@@ -41,6 +41,7 @@ from torch import nn
 from nib.engine.cuda import gemv16
 from nib.engine.cuda.gemv16 import Gemv16Config
 from nib.engine.cuda.timing import graph_us
+from nib.engine.step_tuning import STEP_CANDIDATES
 
 log = logging.getLogger("nib.engine")
 
@@ -207,17 +208,19 @@ def _launch(
     eps: float = 0.0,
     epilogue: int = EPI_NONE,
     buffers: SplitBuffers | None = None,
+    prefetch: Any = None,
 ) -> None:
     """out[:n] = (epilogue of) W x, on the kernel cfg names: the CUDA GEMV for a
     Gemv16Config whose call meets gemv16's rules, else the Triton kernel (FALLBACK for a
-    CUDA config whose tensors break them)."""
+    CUDA config whose tensors break them). prefetch: the CUDA kernel's L2 prefetch of
+    the next layers' weights (cuda/prefetch.py; the Triton kernel has none)."""
     if isinstance(cfg, Gemv16Config):
         nw = None if norm_weight is None else norm_weight.reshape(-1)
         if gemv16.accepts(x, weight, bias, nw, out):
             epi = gemv16.EPI_RESIDUAL if epilogue == EPI_RESIDUAL else gemv16.EPI_PLAIN
             gemv16.launch(
                 x.reshape(-1), weight, bias, out.view(-1), n, cfg, nw, eps, epi,
-                glu=epilogue == EPI_GLU, buffers=buffers,
+                glu=epilogue == EPI_GLU, buffers=buffers, prefetch=prefetch,
             )  # fmt: skip
             return
         cfg, buffers = FALLBACK, None
@@ -242,11 +245,12 @@ def gemv(
     bias: torch.Tensor | None,
     cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
+    prefetch: Any = None,
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
     n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, y, n, cfg, buffers=buffers)
+    _launch(x, weight, bias, y, n, cfg, buffers=buffers, prefetch=prefetch)
     return y.view(*x.shape[:-1], n)
 
 
@@ -259,6 +263,7 @@ def norm_gemv(
     cfg: AnyGemvConfig,
     glu: bool = False,
     buffers: SplitBuffers | None = None,
+    prefetch: Any = None,
 ) -> torch.Tensor:
     """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
     silu(gate) * up. h [..., K] holds one row."""
@@ -267,7 +272,7 @@ def norm_gemv(
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
     y = torch.empty(n, dtype=h.dtype, device=h.device)
     epilogue = EPI_GLU if glu else EPI_NONE
-    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers)
+    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers, prefetch)
     return y.view(*h.shape[:-1], n)
 
 
@@ -278,12 +283,16 @@ def gemv_residual(
     residual: torch.Tensor,
     cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
+    prefetch: Any = None,
 ) -> None:
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
     if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
         raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
     n = weight.shape[0]
-    _launch(x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers)
+    _launch(
+        x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers,
+        prefetch=prefetch,
+    )  # fmt: skip
 
 
 # What each linear of a decoder block fuses on the batch-1 path (model.py's order).
@@ -328,9 +337,11 @@ class GemvLinear(nn.Module):
         self.buffers = None if config is None else split_buffers(self.out_features, config, device)
         fused_n = self.out_features // 2 if self.fusion == "norm_glu" else self.out_features
         self.fused_buffers = None if fused is None else split_buffers(fused_n, fused, device)
+        self.prefetch: Any = None  # the next layers' weights into L2 (cuda/prefetch.py)
+        self.fused_candidates: list[AnyGemvConfig] = []  # set by swap_in_gemv (tuned)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemv_linear(x, self.weight, self.bias, self.config, self.buffers)
+        return gemv_linear(x, self.weight, self.bias, self.config, self.buffers, self.prefetch)
 
     def norm_forward(
         self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
@@ -338,13 +349,16 @@ class GemvLinear(nn.Module):
         """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
         assert self.fused is not None
         return norm_gemv(
-            h, norm_weight, eps, self.weight, self.bias, self.fused, glu, self.fused_buffers
-        )
+            h, norm_weight, eps, self.weight, self.bias, self.fused, glu, self.fused_buffers,
+            self.prefetch,
+        )  # fmt: skip
 
     def residual_forward(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """The fused kernel: residual += self(x), in place."""
         assert self.fused is not None
-        gemv_residual(x, self.weight, self.bias, residual, self.fused, self.fused_buffers)
+        gemv_residual(
+            x, self.weight, self.bias, residual, self.fused, self.fused_buffers, self.prefetch
+        )
 
     def kernel(self, rows: int) -> str:
         """The kernel an input of `rows` rows runs on."""
@@ -362,10 +376,11 @@ def gemv_linear(
     bias: torch.Tensor | None,
     config: AnyGemvConfig | None,
     buffers: SplitBuffers | None = None,
+    prefetch: Any = None,
 ) -> torch.Tensor:
     """GemvLinear's forward: the batch-1 GEMV for one row (if configured), cuBLAS otherwise."""
     if config is not None and x.numel() == weight.shape[1]:
-        return gemv(x, weight, bias, config, buffers)
+        return gemv(x, weight, bias, config, buffers, prefetch)
     return F.linear(x, weight, bias)
 
 
@@ -451,14 +466,14 @@ def _candidates(weight: torch.Tensor, fusion: str) -> list[AnyGemvConfig]:
     return out
 
 
-def _fastest(
+def _ranked(
     calls: list[tuple[AnyGemvConfig | None, Callable[[], list[Callable[[], object]]]]],
-) -> AnyGemvConfig | None:
-    """The config whose calls (every layer of a shape, in turn; built lazily) time
-    fastest inside a CUDA graph, the first on a tie. A CUDA config that fails here is
-    left out (the Triton tiles and cuBLAS always run)."""
-    best: tuple[float, AnyGemvConfig | None] | None = None
-    for cfg, make in calls:
+) -> list[AnyGemvConfig | None]:
+    """The configs, fastest first (the first listed on a tie), by the time their calls
+    (every layer of a shape, in turn; built lazily) take inside a CUDA graph. A CUDA
+    config that fails here is left out (the Triton tiles and cuBLAS always run)."""
+    timed: list[tuple[float, int, AnyGemvConfig | None]] = []
+    for i, (cfg, make) in enumerate(calls):
         try:
             t = _time_layers(make(), graph=True)
         except Exception:
@@ -466,10 +481,9 @@ def _fastest(
                 raise
             log.warning("gemv tuning: %s failed here; not a candidate", cfg.label(), exc_info=True)
             continue
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    assert best is not None
-    return best[1]
+        timed.append((t, i, cfg))
+    assert timed
+    return [cfg for _, _, cfg in sorted(timed, key=lambda e: e[:2])]
 
 
 def swap_in_gemv(
@@ -486,6 +500,7 @@ def swap_in_gemv(
         by_shape.setdefault((m.out_features, m.in_features), []).append((name, m))
     choice: dict[tuple[int, int], AnyGemvConfig | None] = {}
     fused: dict[tuple[int, int, str], AnyGemvConfig] = {}
+    runners_up: dict[tuple[int, int, str], list[AnyGemvConfig]] = {}
     for shape, mods in by_shape.items():
         device, dtype = mods[0][1].weight.device, mods[0][1].weight.dtype
         x = torch.randn(1, 1, shape[1], device=device, dtype=dtype)
@@ -500,18 +515,18 @@ def swap_in_gemv(
         if not (fusions and all(fusion_of(name) for name, _ in mods)):
             members = [m for _, m in mods]
             configs: list[AnyGemvConfig | None] = [None, *_candidates(weight, "")]
-            choice[shape] = _fastest([(c, partial(_plain_calls, c, members, x)) for c in configs])
+            choice[shape] = _ranked([(c, partial(_plain_calls, c, members, x)) for c in configs])[0]
         for fusion in fusions:
             group = [m for name, m in mods if fusion_of(name) == fusion]
             scratch = torch.zeros(shape[0], device=device, dtype=dtype)
-            best = _fastest(
+            ranked = _ranked(
                 [
                     (c, partial(_fused_calls, fusion, c, group, x, scratch))
                     for c in _candidates(weight, fusion)
                 ]
             )
-            assert best is not None
-            fused[(*shape, fusion)] = best
+            fused[(*shape, fusion)] = ranked[0]  # type: ignore[assignment]
+            runners_up[(*shape, fusion)] = [c for c in ranked if c is not None][:STEP_CANDIDATES]
     labels: dict[tuple[int, int], str] = {}
     for name, m in linears:
         shape = (m.out_features, m.in_features)
@@ -519,6 +534,8 @@ def swap_in_gemv(
         fused_cfg = fused.get((*shape, fusion))
         plain = choice.get(shape, fused_cfg)
         module = GemvLinear(m, plain, fusion, fused_cfg)
+        # The fused kernel's runners-up, for the decode step's own timing (step_tuning.py).
+        module.fused_candidates = runners_up.get((*shape, fusion), [])
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, module)
