@@ -151,6 +151,7 @@ class Engine:
         self.model: Transformer | None = None
         self.runner: GraphRunner | None = None
         self.gemv_choices: dict[tuple[int, int], str] = {}
+        self.step_choices: dict[str, str] = {}  # engine/step_tuning.py's picks
         # What the operator sees (health detail, model-info); filled in as the engine starts.
         cpu = self.device.type == "cpu"
         self.kernel_mode = "cpu" if cpu else "pending"  # then "triton" or "reference"

@@ -84,6 +84,7 @@ class GraphRunner:
         device = model.tok_embeddings.weight.device
         self.model = model
         self.device = device
+        self.max_context = max_context
         self.use_graphs = use_graphs
         self.buckets = buckets or bucket_ladder(max_context)
         biggest = self.buckets[-1]

@@ -22,6 +22,7 @@ from nib.engine.cuda.timing import graph_us
 from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, W4Config, runs_on
 from nib.engine.quant.format import QuantShapeError
 from nib.engine.quant.linear import Int4Linear
+from nib.engine.step_tuning import STEP_CANDIDATES
 
 log = logging.getLogger("nib.engine")
 
@@ -47,12 +48,12 @@ def _worth_timing(p: CudaInt4, cfg: W4Config, sms: int) -> bool:
     return cfg.splits == 1 or (p.tiles // cfg.r) < 4 * sms
 
 
-def _fastest(
+def _ranked(
     group: list[CudaInt4], x: torch.Tensor, candidates: tuple[W4Config, ...], m: int
-) -> W4Config:
-    """The candidate whose calls on every layer of the group, in turn inside a CUDA graph,
-    take the least time per call (m = 1: the group's fused variant; else the plain
-    product of m rows)."""
+) -> list[W4Config]:
+    """The candidates, fastest first, by the time their calls on every layer of the
+    group take in turn inside a CUDA graph (m = 1: the group's fused variant; else the
+    plain product of m rows)."""
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     scratch = torch.zeros(max(p.n for p in group), device=x.device, dtype=x.dtype)
     rows = x[None].expand(m, -1).to(torch.float16).contiguous() if m > 1 else x
@@ -75,7 +76,7 @@ def _fastest(
             log.warning("int4 mma16 %s failed here; not a candidate", eff.label(), exc_info=True)
     if not timed:
         raise RuntimeError("no INT4 mma16 configuration runs on this GPU")
-    return min(timed)[2]
+    return [cfg for _, _, cfg in sorted(timed)]
 
 
 def swap_in_cuda_int4(
@@ -102,14 +103,17 @@ def swap_in_cuda_int4(
         packs = [p for _, p in members]
         device = packs[0].device
         x = torch.randn(k, device=device, dtype=dtype)
-        best = _fastest(packs, x, ONE_ROW, 1) if tune else DEFAULT_ONE_ROW
+        ranked = _ranked(packs, x, ONE_ROW, 1) if tune else [DEFAULT_ONE_ROW]
+        best = ranked[0]
         multi = DEFAULT_MULTI_ROW
         if tune:
             for p in packs:
                 for cfg in MULTI_ROW:
                     p.prepare(p.effective(cfg, MULTI_ROWS_TUNED), MULTI_ROWS_TUNED)
-            multi = _fastest(packs, x, MULTI_ROW, MULTI_ROWS_TUNED)
+            multi = _ranked(packs, x, MULTI_ROW, MULTI_ROWS_TUNED)[0]
         for m, p in members:
+            # The runners-up, for the decode step's own timing (engine/step_tuning.py).
+            p.one_row_candidates = ranked[:STEP_CANDIDATES]
             p.one_row = best
             p.multi_row = multi
             p.prepare(best, 1)

@@ -1,0 +1,177 @@
+"""Choosing the decode step's kernel configs by timing the decode step itself.
+
+Start-up first times each layer shape's tile configs on their own (kernels/gemv.py,
+cuda/int4_swap.py): every layer of the shape in turn, inside a CUDA graph. That
+ranks configs well but does not see what a config does next to its neighbours in
+the real step, where each kernel starts while the previous one finishes
+(programmatic dependent launch) and the shapes alternate; measured on the H200,
+two start-ups of the same INT4 Qwen2.5-1.5B picked configs 18% apart in ms/token.
+So the runners-up of each shape (STEP_CANDIDATES, fastest first) and the L2
+prefetch chain (cuda/prefetch.py: off, or 16 MB ahead with evict-first streams)
+are then tried in the captured decode step, one knob at a time (coordinate
+descent, one pass): each option is applied, a graph of a few decode steps at a
+mid-context position is captured and replayed, and the fastest option stays. A
+change must beat the current choice by more than NOISE to be taken.
+
+The step's outputs do not depend on which config runs (every config is tested
+against the same reference); only time does. NIB_L2_PREFETCH_MB, where set, pins
+the prefetch (no knob).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("nib.engine")
+
+STEP_CANDIDATES = 4  # configs per layer shape that the whole step times
+NOISE = 0.003  # relative: a new choice must be this much faster than the current one
+PREFETCH_OPTIONS: tuple[tuple[int, bool], ...] = ((0, False), (16 << 20, True))
+
+
+@dataclass
+class Knob:
+    """One choice the step is tuned over: options[0] is what runs now."""
+
+    name: str
+    options: list[Any]
+    apply: Callable[[Any], None]
+    label: Callable[[Any], str]
+    times_us: list[float] = field(default_factory=list)
+    chosen: int = 0
+
+
+def _config_knobs(model: nn.Module) -> list[Knob]:
+    from nib.engine.kernels.gemv import GemvLinear, config_label, split_buffers
+    from nib.engine.quant.linear import Int4Linear
+
+    int4: dict[tuple[int, int, str], list[Any]] = {}
+    gemv: dict[tuple[int, int, str], list[GemvLinear]] = {}
+    for m in model.modules():
+        if isinstance(m, Int4Linear) and m.cuda is not None and len(m.cuda.one_row_candidates) > 1:
+            int4.setdefault((m.cuda.n, m.cuda.k, m.cuda.fusion), []).append(m.cuda)
+        elif isinstance(m, GemvLinear) and m.fused is not None and len(m.fused_candidates) > 1:
+            gemv.setdefault((m.out_features, m.in_features, m.fusion), []).append(m)
+    knobs: list[Knob] = []
+    for (n, k, fusion), packs in int4.items():
+
+        def apply_int4(cfg: Any, packs: list[Any] = packs) -> None:
+            for p in packs:
+                p.prepare(cfg, 1)
+                p.one_row = cfg
+
+        options = [packs[0].one_row] + [
+            c for c in packs[0].one_row_candidates if c != packs[0].one_row
+        ]
+        knobs.append(
+            Knob(f"int4 {n}x{k} +{fusion or 'plain'}", options, apply_int4, lambda c: c.label())
+        )
+    for (n, k, fusion), mods in gemv.items():
+
+        def apply_gemv(cfg: Any, mods: list[GemvLinear] = mods) -> None:
+            for m in mods:
+                fused_n = m.out_features // 2 if m.fusion == "norm_glu" else m.out_features
+                m.fused_buffers = split_buffers(fused_n, cfg, m.weight.device)
+                m.fused = cfg
+
+        options = [mods[0].fused] + [c for c in mods[0].fused_candidates if c != mods[0].fused]
+        knobs.append(Knob(f"gemv {n}x{k} +{fusion}", options, apply_gemv, config_label))
+    return knobs
+
+
+def _prefetch_knob(model: nn.Module, device: torch.device) -> Knob | None:
+    if "NIB_L2_PREFETCH_MB" in os.environ or torch.cuda.get_device_capability(device) < (9, 0):
+        return None
+    from nib.engine.cuda.prefetch import chain_prefetch
+
+    def apply(option: tuple[int, bool]) -> None:
+        chain_prefetch(model, *option)
+
+    def label(option: tuple[int, bool]) -> str:
+        mb, evict_first = option[0] / 2**20, option[1]
+        return "off" if not mb else f"{mb:g} MB ahead{', evict-first' if evict_first else ''}"
+
+    return Knob("l2 prefetch", list(PREFETCH_OPTIONS), apply, label)
+
+
+def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
+    """Median µs of one greedy decode step: a graph of `steps` steps at a mid-context
+    position (the position reset before each), replayed `reps` times."""
+    body = runner.bodies[runner._decode_name(0, True)]
+    p0 = max(1, min(512, runner.max_context // 2))
+    with torch.cuda.stream(runner.stream), torch.inference_mode():
+        for _ in range(2):  # warm: compiles, allocates
+            runner.pos.fill_(p0)
+            body()
+    runner.stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, stream=runner.stream):
+        for _ in range(steps):
+            runner.pos.fill_(p0)
+            body()
+    times = []
+    with torch.cuda.stream(runner.stream):
+        graph.replay()
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / steps)
+    del graph
+    return statistics.median(times)
+
+
+def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:
+    """One pass of coordinate descent: each knob in turn tries its options (measure()
+    after each apply) and keeps the fastest, unless it beats options[0] (the current
+    choice) by no more than NOISE."""
+    for knob in knobs:
+        knob.times_us = []
+        for option in knob.options:
+            knob.apply(option)
+            knob.times_us.append(measure())
+        best = min(range(len(knob.options)), key=knob.times_us.__getitem__)
+        if knob.times_us[best] >= knob.times_us[0] * (1 - NOISE):
+            best = 0
+        knob.chosen = best
+        knob.apply(knob.options[best])
+        log.debug(
+            "step tuning %s: %s", knob.name,
+            ", ".join(f"{knob.label(o)} {t:.1f} us" for o, t in zip(knob.options, knob.times_us, strict=True)),
+        )  # fmt: skip
+
+
+def tune_step(runner: Any) -> dict[str, str]:
+    """Tune every knob of runner.model's decode step (see the module doc), before the
+    runner captures its graphs. Returns {knob: chosen option's label}."""
+    model = runner.model
+    knobs = _config_knobs(model)
+    pf = _prefetch_knob(model, runner.device)
+    if pf is not None:
+        knobs.append(pf)
+        pf.apply(pf.options[0])
+    if not knobs:
+        return {}
+    started = time.perf_counter()
+    first = step_us(runner)
+    descend(knobs, lambda: step_us(runner))
+    last = step_us(runner)
+    torch.cuda.empty_cache()
+    chosen = {k.name: k.label(k.options[k.chosen]) for k in knobs}
+    log.info(
+        "decode step tuned in %.1fs: %.1f -> %.1f us per step; %s",
+        time.perf_counter() - started, first, last, chosen,
+    )  # fmt: skip
+    runner.step_tuning = {"before_us": first, "after_us": last, "chosen": chosen}
+    return chosen

@@ -1,0 +1,39 @@
+"""engine/step_tuning.py's coordinate descent, on a made-up cost (no GPU): it keeps the
+fastest option of each knob, holds on to the current one within the noise margin,
+and leaves every knob applied at its choice."""
+
+from __future__ import annotations
+
+from nib.engine.step_tuning import NOISE, Knob, descend
+
+
+def _knobs(state: dict[str, object], options: dict[str, list[object]]) -> list[Knob]:
+    def setter(name: str):  # type: ignore[no-untyped-def]
+        return lambda v: state.__setitem__(name, v)
+
+    return [Knob(name, opts, setter(name), str) for name, opts in options.items()]
+
+
+def test_each_knob_keeps_its_fastest_option() -> None:
+    state: dict[str, object] = {}
+    knobs = _knobs(state, {"a": [1, 2, 3], "b": ["x", "y"]})
+    cost = {1: 100.0, 2: 80.0, 3: 90.0}
+
+    def measure() -> float:
+        return cost[state["a"]] + (5.0 if state.get("b", "x") == "x" else 0.0)  # type: ignore[index]
+
+    descend(knobs, measure)
+    assert state == {"a": 2, "b": "y"}
+    assert [k.chosen for k in knobs] == [1, 1]
+    assert knobs[0].times_us == [105.0, 85.0, 95.0]
+
+
+def test_a_gain_within_the_noise_keeps_the_current_option() -> None:
+    state: dict[str, object] = {}
+    (knob,) = _knobs(state, {"a": ["now", "other"]})
+    times = {"now": 100.0, "other": 100.0 * (1 - NOISE / 2)}
+    descend([knob], lambda: times[state["a"]])  # type: ignore[index]
+    assert state["a"] == "now" and knob.chosen == 0
+    times["other"] = 100.0 * (1 - 2 * NOISE)
+    descend([knob], lambda: times[state["a"]])  # type: ignore[index]
+    assert state["a"] == "other" and knob.chosen == 1
