@@ -40,9 +40,11 @@ run() {
 }
 for step in ${*:-tests int4 typing decode}; do
   case $step in
-    tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -q -rs tests/gpu tests/unit/test_kernels.py \
+    tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -v --tb=short -rs \
+             $(ls tests/gpu/test_*.py | grep -v "test_int4_kernels\|test_int4_fused_gemv") \
+             tests/gpu/test_int4_fused_gemv.py tests/gpu/test_int4_kernels.py tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
-           grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | cut -c1-160 | head -20 ;;
+           grep -E "(FAILED|ERROR)( |$)" "$LOGS/tests.log" | grep -v "^tests/gpu.* PASSED" | cut -c1-200 | head -30 ;;
     cuda-tests) TAIL=8 run cuda-tests ${CUDA_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
                   --maxfail=30 tests/gpu/test_cuda_*.py tests/gpu/test_l2_prefetch.py --junitxml="$LOGS/cuda-tests.xml"
                 grep -E "^(FAILED|ERROR)" "$LOGS/cuda-tests.log" | cut -c1-200 | head -30 ;;
