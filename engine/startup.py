@@ -127,10 +127,6 @@ def swap_in_linear_kernels(
             from nib.engine.quant.fused_gemv import swap_in_int4_gemv
 
             choices.update(swap_in_int4_gemv(model, tune=tune))
-    if hasattr(model, "layers") and torch.cuda.get_device_capability(device) >= (9, 0):
-        from nib.engine.cuda.prefetch import chain_prefetch
-
-        chain_prefetch(model)  # each layer pulls the next layers' weights into L2
     return choices
 
 

@@ -4,24 +4,26 @@ Start-up first times each layer shape's tile configs on their own (kernels/gemv.
 cuda/int4_swap.py): every layer of the shape in turn, inside a CUDA graph. That
 ranks configs well but does not see what a config does next to its neighbours in
 the real step, where each kernel starts while the previous one finishes
-(programmatic dependent launch) and the shapes alternate; measured on the H200,
-two start-ups of the same INT4 Qwen2.5-1.5B picked configs 18% apart in ms/token.
-So the runners-up of each shape (STEP_CANDIDATES, fastest first) and the L2
-prefetch chain (cuda/prefetch.py: off, or 16 MB ahead with evict-first streams)
-are then tried in the captured decode step, one knob at a time (coordinate
-descent, one pass): each option is applied, a graph of a few decode steps at a
-mid-context position is captured and replayed, and the fastest option stays. A
-change must beat the current choice by more than NOISE to be taken.
+(programmatic dependent launch) and the shapes alternate. Measured on the H200
+(bench/decode.py, 2026-12-01), timing the step itself took the INT4 Qwen2.5-1.5B
+step from 840 to 765 us, the 16-bit one from 1296 to 1236 us, and the INT4
+Llama-2-7B one from 1509 to 1474 us.
+So the runners-up of each shape (STEP_CANDIDATES, fastest first) are then tried
+in the captured decode step, one shape at a time (coordinate descent, PASSES
+passes): each option is applied, a graph of a few decode steps at a mid-context
+position is captured and replayed, and the fastest option stays. A change must
+beat the current choice by more than NOISE to be taken.
 
-The step's outputs do not depend on which config runs (every config is tested
-against the same reference); only time does. NIB_L2_PREFETCH_MB, where set, pins
-the prefetch (no knob).
+Every option is a config the kernel tests cover, and the self-check runs after
+this on what was chosen; only time depends on the choice. (An L2 prefetch of the
+next layers' weights was a knob here too; measured on the H200 it never won once
+configs were tuned this way, and it was removed. bench/results/
+2026-12-01-l2-prefetch.json holds its A/B, from commit 7fd9a52.)
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -33,9 +35,9 @@ from torch import nn
 
 log = logging.getLogger("nib.engine")
 
-STEP_CANDIDATES = 4  # configs per layer shape that the whole step times
+STEP_CANDIDATES = 6  # configs per layer shape that the whole step times
+PASSES = 2  # over all knobs: a shape's best can move once its neighbours have
 NOISE = 0.003  # relative: a new choice must be this much faster than the current one
-PREFETCH_OPTIONS: tuple[tuple[int, bool], ...] = ((0, False), (16 << 20, True))
 
 
 @dataclass
@@ -86,21 +88,6 @@ def _config_knobs(model: nn.Module) -> list[Knob]:
         options = [mods[0].fused] + [c for c in mods[0].fused_candidates if c != mods[0].fused]
         knobs.append(Knob(f"gemv {n}x{k} +{fusion}", options, apply_gemv, config_label))
     return knobs
-
-
-def _prefetch_knob(model: nn.Module, device: torch.device) -> Knob | None:
-    if "NIB_L2_PREFETCH_MB" in os.environ or torch.cuda.get_device_capability(device) < (9, 0):
-        return None
-    from nib.engine.cuda.prefetch import chain_prefetch
-
-    def apply(option: tuple[int, bool]) -> None:
-        chain_prefetch(model, *option)
-
-    def label(option: tuple[int, bool]) -> str:
-        mb, evict_first = option[0] / 2**20, option[1]
-        return "off" if not mb else f"{mb:g} MB ahead{', evict-first' if evict_first else ''}"
-
-    return Knob("l2 prefetch", list(PREFETCH_OPTIONS), apply, label)
 
 
 def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
@@ -157,15 +144,12 @@ def tune_step(runner: Any) -> dict[str, str]:
     runner captures its graphs. Returns {knob: chosen option's label}."""
     model = runner.model
     knobs = _config_knobs(model)
-    pf = _prefetch_knob(model, runner.device)
-    if pf is not None:
-        knobs.append(pf)
-        pf.apply(pf.options[0])
     if not knobs:
         return {}
     started = time.perf_counter()
     first = step_us(runner)
-    descend(knobs, lambda: step_us(runner))
+    for _ in range(PASSES):
+        descend(knobs, lambda: step_us(runner))
     last = step_us(runner)
     torch.cuda.empty_cache()
     chosen = {k.name: k.label(k.options[k.chosen]) for k in knobs}

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [l2] [wire] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
-# l2: the L2 prefetch chain A/B (bench/l2_prefetch.py; L2_ARGS passes options).
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
 # network: missing wheels travel in .whl/ (README, "GPU runs"). BUDGET_S caps the call.
@@ -46,7 +45,7 @@ for step in ${*:-tests int4 typing decode}; do
              --junitxml="$LOGS/gpu-tests.xml"
            grep -E "(FAILED|ERROR)( |$)" "$LOGS/tests.log" | grep -v "^tests/gpu.* PASSED" | cut -c1-200 | head -30 ;;
     cuda-tests) TAIL=8 run cuda-tests ${CUDA_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
-                  --maxfail=30 tests/gpu/test_cuda_*.py tests/gpu/test_l2_prefetch.py --junitxml="$LOGS/cuda-tests.xml"
+                  --maxfail=30 tests/gpu/test_cuda_*.py tests/gpu/test_step_tuning.py --junitxml="$LOGS/cuda-tests.xml"
                 grep -E "^(FAILED|ERROR)" "$LOGS/cuda-tests.log" | cut -c1-200 | head -30 ;;
     micro) for m in bench/micro_*.py; do
              name=$(basename "$m" .py)
@@ -60,7 +59,6 @@ for step in ${*:-tests int4 typing decode}; do
     typing) run typing 100 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda --max-chars 1500 ;;
     decode) TAIL=16 run decode ${DECODE_CAP:-400} python3 bench/decode.py --out bench/results --reps 2 \
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
-    l2) TAIL=40 run l2 ${L2_CAP:-300} python3 bench/l2_prefetch.py --out bench/results ${L2_ARGS:-} ;;
     wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
     speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;

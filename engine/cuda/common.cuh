@@ -142,73 +142,6 @@ NIB_DEVICE void pdl_wait() {
 #endif
 }
 
-// ---- L2 prefetch of the next kernels' weights (sm_90) ----------------------------
-// A decode step is a chain of GEMVs that each wait for the previous one: between one
-// kernel's last weight load and the next kernel's first, memory idles (the dependency,
-// the activation staging, the tails). Each weight kernel is therefore handed up to
-// PF_RANGES byte ranges of the weights the next kernels will stream, and its blocks
-// prefetch them into L2 once their own first loads are out: fire and forget, a hint
-// that cannot change a result. `hint` makes this kernel's own weight stream
-// evict-first in L2, so that it does not push the prefetched lines out.
-#define PF_RANGES 4
-struct Prefetch {
-  const char* ptr[PF_RANGES];  // 16-byte aligned starts (null: unused)
-  u64 bytes[PF_RANGES];        // multiples of 16
-  int hint;                    // 1: this kernel's weight loads are L2 evict-first
-};
-
-// Block b of the grid prefetches its share (256-byte multiples) of every range.
-NIB_DEVICE void prefetch_share(const Prefetch& pf) {
-#if __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0) return;
-  const u64 blocks = (u64)gridDim.x * gridDim.y * gridDim.z;
-  const u64 id = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-#pragma unroll
-  for (int r = 0; r < PF_RANGES; ++r) {
-    const u64 n = pf.bytes[r];
-    if (pf.ptr[r] == nullptr || n == 0) continue;
-    const u64 share = ((n + blocks - 1) / blocks + 255) & ~255ull;
-    const u64 lo = id * share;
-    if (lo >= n) continue;
-    const u64 len = n - lo < share ? n - lo : share;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.ptr[r] + lo),
-                 "r"((u32)len)
-                 : "memory");
-  }
-#endif
-}
-
-// The L2 policy of a weight stream: evict-first where Prefetch::hint is set, else normal
-// (what a load without a hint gets).
-NIB_DEVICE u64 stream_policy(int hint) {
-  u64 first, normal;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
-  return hint ? first : normal;
-}
-// The evict-first L2 policy of a weight stream (used where Prefetch::hint is set).
-NIB_DEVICE u64 evict_first_policy() {
-  u64 pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-// ld_stream, evict-first in L2 where `hint` (uniform) is set: two predicated loads, one
-// of which issues, so that without the hint the load is exactly ld_stream's.
-NIB_DEVICE uint4 ld_stream_hint(const uint4* p, int hint, u64 pol) {
-#if __CUDA_ARCH__ < 900
-  return ld_stream(p);  // the prefetch that the hint protects is sm_90's
-#else
-  uint4 v;
-  asm volatile(
-      "{\n .reg .pred h;\n setp.ne.b32 h, %5, 0;\n"
-      " @h ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n"
-      " @!h ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(hint), "l"(pol));
-  return v;
-#endif
-}
-
 // ---- bulk copies and mbarriers (sm_90) -------------------------------------------
 NIB_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 #if __CUDA_ARCH__ >= 900
@@ -244,14 +177,6 @@ NIB_DEVICE void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-// bulk_g2s under an L2 policy (stream_policy).
-NIB_DEVICE void bulk_g2s_pol(void* dst, const void* src, u32 bytes, u64* bar, u64 pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
 #endif

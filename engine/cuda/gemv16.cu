@@ -49,22 +49,20 @@ struct G16Args {
   int epi;          // 0 plain, 1 residual
   int norm;
   float eps;
-  Prefetch pf;      // the next kernels' weights, into L2 (common.cuh)
 };
 
 enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1 };
 
 // A streamed weight load that reads nothing (and yields zeros) where `ok` is false:
 // one predicated instruction, no branch around it.
-// Under L2 policy `pol` (stream_policy: evict-first where the Prefetch hint is set).
-NIB_DEVICE uint4 ld_stream_if(const uint4* p, bool ok, u64 pol) {
+NIB_DEVICE uint4 ld_stream_if(const uint4* p, bool ok) {
   uint4 v;
   asm volatile(
       "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
       " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @q ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n}"
+      " @q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
       : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
-      : "l"(p), "r"((int)ok), "l"(pol));
+      : "l"(p), "r"((int)ok));
   return v;
 }
 
@@ -144,10 +142,9 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   };
   int lt = 0, li = 0;
   auto load = [&](uint4 (&b)[ROWS]) {
-    const u64 pol = stream_policy(a.pf.hint);  // (made here: kept live across the loop, it spills)
     const bool ok = (li << 5) + lane < chunks;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) b[r] = ld_stream_if(rowp[r] + (li << 5), ok, pol);
+    for (int r = 0; r < ROWS; ++r) b[r] = ld_stream_if(rowp[r] + (li << 5), ok);
     if (++li == n_it) {
       li = 0;
       if (++lt < n_t) set_rows(lt);
@@ -163,7 +160,6 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
 #pragma unroll
   for (int p = 0; p < U; ++p)
     if (p < total) load(buf[p]);
-  prefetch_share(a.pf);
   pdl_wait();
 
   // Stage the slice (norm: h * nw, and the squares of the row). The raw 16-bit chunks

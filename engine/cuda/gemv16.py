@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from nib.engine.cuda.prefetch import NONE, PrefetchArgs
-
 EPI_PLAIN, EPI_RESIDUAL = 0, 1
 CHUNK = 8  # 16-bit values per 16-byte load
 STRIDE = 32 * CHUNK  # inputs a warp covers per load of one row
@@ -162,7 +160,7 @@ class G16Args(ctypes.Structure):
         ("n", ctypes.c_int), ("k", ctypes.c_int), ("stride", ctypes.c_int),
         ("groups", ctypes.c_int), ("per_warp", ctypes.c_int), ("splits", ctypes.c_int),
         ("k_split", ctypes.c_int), ("epi", ctypes.c_int), ("norm", ctypes.c_int),
-        ("eps", ctypes.c_float), ("pf", PrefetchArgs),
+        ("eps", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -192,10 +190,8 @@ def launch(
     epi: int = EPI_PLAIN,
     glu: bool = False,
     buffers: SplitBuffers | None = None,
-    prefetch: PrefetchArgs | None = None,
 ) -> None:
-    """out[:n] = epilogue(W x) (glu: W is [gate; up] of 2n rows); see gemv16.cu.
-    prefetch: the next layers' weights to pull into L2 meanwhile (cuda/prefetch.py)."""
+    """out[:n] = epilogue(W x) (glu: W is [gate; up] of 2n rows); see gemv16.cu."""
     k = weight.shape[1]
     why = supports(weight, glu)
     if why:
@@ -225,7 +221,7 @@ def launch(
     args = G16Args(
         ptr(weight), ptr(x), ptr(norm_weight), ptr(bias), ptr(out), ptr(ws), ptr(counters),
         n, k, weight.stride(0), geo.groups, cfg.per_warp, geo.splits, geo.k_split, epi,
-        int(norm_weight is not None), eps, prefetch if prefetch is not None else NONE,
+        int(norm_weight is not None), eps,
     )  # fmt: skip
     kernel.launch(geo.grid, (cfg.warps * 32,), args, geo.shared, pdl=pdl(x.device))
 

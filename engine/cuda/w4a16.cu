@@ -59,7 +59,6 @@ struct W4Args {
   int x_bf16;
   int y_bf16;
   float eps;
-  Prefetch pf;        // the next kernels' weights, into L2 (common.cuh)
 };
 
 enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_GLU = 2, EPI_GLU_PLAIN = 3 };
@@ -386,13 +385,12 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   }
   uint4 wbuf[PF][R][2];
   u32 sbuf[PF][R];
-  const u64 pol = evict_first_policy();
   auto load = [&](int i, uint4 (&w)[R][2], u32 (&s)[R]) {
     const int grp = b.gb0 + b.warp + i * WARPS;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      w[r][0] = ld_stream_hint(qw[r] + (size_t)(2 * grp) * 32, a.pf.hint, pol);
-      w[r][1] = ld_stream_hint(qw[r] + (size_t)(2 * grp + 1) * 32, a.pf.hint, pol);
+      w[r][0] = ld_stream(qw[r] + (size_t)(2 * grp) * 32);
+      w[r][1] = ld_stream(qw[r] + (size_t)(2 * grp + 1) * 32);
       s[r] = ld_nc_u32(sc[r] + grp * 8);
     }
   };
@@ -402,7 +400,6 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
-  prefetch_share(a.pf);
   pdl_wait();
 
   u16* xs = reinterpret_cast<u16*>(smem);
@@ -450,7 +447,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     fence_mbar_init();
   }
   __syncthreads();
-  const u64 pol = evict_first_policy();
   auto issue = [&](int step) {  // thread 0
     const int stage = step % NS;
     const int g0 = b.gb0 + step * WARPS;
@@ -459,23 +455,15 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const size_t tile = b.tile0 + r;
-      void* const wd = wsm + (stage * R + r) * WBYTES;
-      void* const sd = ssm + (stage * R + r) * SBYTES;
-      const uint4* const wsrc = a.qw + (tile * b.chunks + 2 * g0) * 32;
-      const u32* const ssrc = a.sc + (tile * b.n_groups + g0) * 8;
-      if (a.pf.hint) {  // evict-first in L2 (the prefetched lines stay)
-        bulk_g2s_pol(wd, wsrc, ng * 1024, bars + stage, pol);
-        bulk_g2s_pol(sd, ssrc, ng * 32, bars + stage, pol);
-      } else {
-        bulk_g2s(wd, wsrc, ng * 1024, bars + stage);
-        bulk_g2s(sd, ssrc, ng * 32, bars + stage);
-      }
+      bulk_g2s(wsm + (stage * R + r) * WBYTES, a.qw + (tile * b.chunks + 2 * g0) * 32, ng * 1024,
+               bars + stage);
+      bulk_g2s(ssm + (stage * R + r) * SBYTES, a.sc + (tile * b.n_groups + g0) * 8, ng * 32,
+               bars + stage);
     }
   };
   pdl_launch_dependents();
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
-  prefetch_share(a.pf);
   pdl_wait();
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from nib.engine.cuda.prefetch import NONE, PrefetchArgs
 from nib.engine.quant.format import GROUP_SIZE, QuantShapeError
 
 TILE = 16  # output rows per tile (the mma's M)
@@ -190,7 +189,7 @@ class W4Args(ctypes.Structure):
         ("x_stride", ctypes.c_int), ("y_stride", ctypes.c_int), ("inter", ctypes.c_int),
         ("splits", ctypes.c_int), ("groups_per_split", ctypes.c_int), ("epi", ctypes.c_int),
         ("norm", ctypes.c_int), ("x_bf16", ctypes.c_int), ("y_bf16", ctypes.c_int),
-        ("eps", ctypes.c_float), ("pf", PrefetchArgs),
+        ("eps", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -247,8 +246,6 @@ class CudaInt4:
         # Programmatic dependent launch: the weights of this layer start streaming while
         # the previous kernel finishes (both kernels' code is written for it).
         self.pdl = pdl(self.device)
-        # The next layers' weights to pull into L2 while this one runs (cuda/prefetch.py).
-        self.prefetch: PrefetchArgs = NONE
 
     def clone(self) -> CudaInt4:
         """A copy with its own weight tensors and split-K buffers (benchmarks rotate
@@ -257,7 +254,6 @@ class CudaInt4:
         twin.__dict__.update(self.__dict__)
         twin.qw, twin.sc = self.qw.clone(), self.sc.clone()
         twin._buffers = {}
-        twin.prefetch = NONE  # a copy is timed on its own: nothing of its neighbours
         return twin
 
     @property
@@ -332,7 +328,7 @@ class CudaInt4:
             self.tiles, self.k, m, x.stride(0) if x.dim() == 2 else self.k,
             y.stride(0) if y.dim() == 2 else y.numel(), self.n // 2, cfg.splits, per_split, epi,
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
-            int(y.dtype == torch.bfloat16), eps, self.prefetch,
+            int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
         grid = (self.tiles // cfg.r, cfg.splits)
         kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)

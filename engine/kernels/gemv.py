@@ -208,19 +208,17 @@ def _launch(
     eps: float = 0.0,
     epilogue: int = EPI_NONE,
     buffers: SplitBuffers | None = None,
-    prefetch: Any = None,
 ) -> None:
     """out[:n] = (epilogue of) W x, on the kernel cfg names: the CUDA GEMV for a
     Gemv16Config whose call meets gemv16's rules, else the Triton kernel (FALLBACK for a
-    CUDA config whose tensors break them). prefetch: the CUDA kernel's L2 prefetch of
-    the next layers' weights (cuda/prefetch.py; the Triton kernel has none)."""
+    CUDA config whose tensors break them)."""
     if isinstance(cfg, Gemv16Config):
         nw = None if norm_weight is None else norm_weight.reshape(-1)
         if gemv16.accepts(x, weight, bias, nw, out):
             epi = gemv16.EPI_RESIDUAL if epilogue == EPI_RESIDUAL else gemv16.EPI_PLAIN
             gemv16.launch(
                 x.reshape(-1), weight, bias, out.view(-1), n, cfg, nw, eps, epi,
-                glu=epilogue == EPI_GLU, buffers=buffers, prefetch=prefetch,
+                glu=epilogue == EPI_GLU, buffers=buffers,
             )  # fmt: skip
             return
         cfg, buffers = FALLBACK, None
@@ -245,12 +243,11 @@ def gemv(
     bias: torch.Tensor | None,
     cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
-    prefetch: Any = None,
 ) -> torch.Tensor:
     """x [..., K] with one row in total; weight [N, K] row-major."""
     n = weight.shape[0]
     y = torch.empty(n, dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, y, n, cfg, buffers=buffers, prefetch=prefetch)
+    _launch(x, weight, bias, y, n, cfg, buffers=buffers)
     return y.view(*x.shape[:-1], n)
 
 
@@ -263,7 +260,6 @@ def norm_gemv(
     cfg: AnyGemvConfig,
     glu: bool = False,
     buffers: SplitBuffers | None = None,
-    prefetch: Any = None,
 ) -> torch.Tensor:
     """W rms_norm(h) (+ b) in one kernel; with glu, W is [gate; up] and the result is
     silu(gate) * up. h [..., K] holds one row."""
@@ -272,7 +268,7 @@ def norm_gemv(
         raise ValueError("norm_gemv: the GLU epilogue takes no bias")
     y = torch.empty(n, dtype=h.dtype, device=h.device)
     epilogue = EPI_GLU if glu else EPI_NONE
-    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers, prefetch)
+    _launch(h, weight, bias, y, n, cfg, norm_weight, eps, epilogue, buffers)
     return y.view(*h.shape[:-1], n)
 
 
@@ -283,16 +279,12 @@ def gemv_residual(
     residual: torch.Tensor,
     cfg: AnyGemvConfig,
     buffers: SplitBuffers | None = None,
-    prefetch: Any = None,
 ) -> None:
     """residual += W x (+ b), in place, in one kernel (x and residual hold one row)."""
     if not residual.is_contiguous() or residual.numel() != weight.shape[0]:
         raise ValueError("gemv_residual: residual must be one contiguous row of the output size")
     n = weight.shape[0]
-    _launch(
-        x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers,
-        prefetch=prefetch,
-    )  # fmt: skip
+    _launch(x, weight, bias, residual, n, cfg, epilogue=EPI_RESIDUAL, buffers=buffers)
 
 
 # What each linear of a decoder block fuses on the batch-1 path (model.py's order).
@@ -337,11 +329,10 @@ class GemvLinear(nn.Module):
         self.buffers = None if config is None else split_buffers(self.out_features, config, device)
         fused_n = self.out_features // 2 if self.fusion == "norm_glu" else self.out_features
         self.fused_buffers = None if fused is None else split_buffers(fused_n, fused, device)
-        self.prefetch: Any = None  # the next layers' weights into L2 (cuda/prefetch.py)
         self.fused_candidates: list[AnyGemvConfig] = []  # set by swap_in_gemv (tuned)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemv_linear(x, self.weight, self.bias, self.config, self.buffers, self.prefetch)
+        return gemv_linear(x, self.weight, self.bias, self.config, self.buffers)
 
     def norm_forward(
         self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
@@ -349,16 +340,13 @@ class GemvLinear(nn.Module):
         """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
         assert self.fused is not None
         return norm_gemv(
-            h, norm_weight, eps, self.weight, self.bias, self.fused, glu, self.fused_buffers,
-            self.prefetch,
-        )  # fmt: skip
+            h, norm_weight, eps, self.weight, self.bias, self.fused, glu, self.fused_buffers
+        )
 
     def residual_forward(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """The fused kernel: residual += self(x), in place."""
         assert self.fused is not None
-        gemv_residual(
-            x, self.weight, self.bias, residual, self.fused, self.fused_buffers, self.prefetch
-        )
+        gemv_residual(x, self.weight, self.bias, residual, self.fused, self.fused_buffers)
 
     def kernel(self, rows: int) -> str:
         """The kernel an input of `rows` rows runs on."""
@@ -376,11 +364,10 @@ def gemv_linear(
     bias: torch.Tensor | None,
     config: AnyGemvConfig | None,
     buffers: SplitBuffers | None = None,
-    prefetch: Any = None,
 ) -> torch.Tensor:
     """GemvLinear's forward: the batch-1 GEMV for one row (if configured), cuBLAS otherwise."""
     if config is not None and x.numel() == weight.shape[1]:
-        return gemv(x, weight, bias, config, buffers, prefetch)
+        return gemv(x, weight, bias, config, buffers)
     return F.linear(x, weight, bias)
 
 
