@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
@@ -60,6 +60,13 @@ for step in ${*:-tests int4 typing decode}; do
     decode) TAIL=16 run decode ${DECODE_CAP:-400} python3 bench/decode.py --out bench/results --reps 2 \
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
     wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
+    wire-trace) run wire-trace ${TRACE_CAP:-110} python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b \
+                  --json "$LOGS/wire-trace.json"
+                run wire-floor 60 python3 bench/wire_trace.py --floor --stub-ms 3,1.4 --json "$LOGS/wire-floor.json" ;;
+    int4-sweeps) TAIL=20 run int4-sweeps ${SWEEPS_CAP:-200} python3 -m pytest -p no:cacheprovider -v --tb=short \
+                   --durations=15 tests/unit/test_kernels.py \
+                   tests/gpu/test_int4_kernels.py::test_split_k_counters_reset_between_calls \
+                   tests/gpu/test_int4_kernels.py::test_every_candidate_config_matches_reference ;;
     speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;
     stability) run stability 300 python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b ;;
