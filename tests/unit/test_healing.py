@@ -78,3 +78,22 @@ def test_indented_prompt_gets_code_not_end_of_text() -> None:
             engine.stop()
     assert outputs[True].strip(), outputs
     assert not outputs[True].startswith(" "), "the healed indentation was repeated"
+
+
+def test_the_bias_is_built_once_per_text_and_device_and_stays_bounded(
+    healer: TokenHealer,
+) -> None:
+    """A repeated healed text reuses its tensor (on a GPU: no host-to-device copy per
+    request); other texts get their own, and the cache keeps at most BIAS_CACHE."""
+    from nib.engine.healing import BIAS_CACHE
+
+    cpu = torch.device("cpu")
+    first = healer.bias(" ", cpu)
+    assert healer.bias(" ", cpu) is first
+    other = healer.bias("    ", cpu)
+    assert other is not first and not torch.equal(other, first)
+    for i in range(BIAS_CACHE + 3):
+        healer.bias("x" * (i + 1), cpu)
+    assert len(healer._bias) == BIAS_CACHE
+    rebuilt = healer.bias(" ", cpu)  # evicted long ago: built again, the same values
+    assert rebuilt is not first and torch.equal(rebuilt, first)
