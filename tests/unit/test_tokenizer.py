@@ -91,3 +91,24 @@ def test_infill_prompt_uses_fim_tokens(tmp_path_factory) -> None:  # type: ignor
     assert ids[-1] == tok.token_id(fim.middle)
     assert tok.token_id(fim.suffix) in ids
     assert tok.decode(ids[1 : ids.index(tok.token_id(fim.suffix))]) == "def f("
+
+
+def test_encode_gives_the_ids_of_the_full_encoding(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """Tokenizer.encode takes the offset-free path; its ids must be exactly what the
+    full encoding gives, for the shipped model's BPE and the byte-level tokenizer."""
+    from pathlib import Path
+
+    from nib.engine.default_model import SHIPPED_MODEL
+
+    toks = [_tokenizer(tmp_path_factory), Tokenizer(Path(SHIPPED_MODEL))]
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+    def check(text: str) -> None:
+        for tok in toks:
+            assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+
+    check()
+    code = "def quicksort(items):\n    if len(items) < 2:\n\treturn items  # ünïcode 🙂\n" * 8
+    for tok in toks:
+        assert tok.encode(code) == tok._tok.encode(code, add_special_tokens=False).ids
