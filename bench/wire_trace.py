@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
@@ -148,8 +149,9 @@ def report(rows: list[dict[str, int]], inter_token: Gaps) -> dict[str, float | N
         "before_engine_ms": median_ms(rows, "client_send", "submit"),
         "after_engine_ms": median_ms(rows, "first_token", "client_first"),
         "gap_ms": statistics.median(gaps),
-        "client_inter_token_ms": statistics.median(inter_token.client),
-        "engine_inter_token_ms": statistics.median(inter_token.engine),
+        # NaN where no completion had two tokens (a model that ends at once).
+        "client_inter_token_ms": statistics.median(inter_token.client or [math.nan]),
+        "engine_inter_token_ms": statistics.median(inter_token.engine or [math.nan]),
     }
     for key, value in summary.items():
         print(f"  {key:>29} {value:7.3f}")
