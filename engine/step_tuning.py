@@ -24,7 +24,6 @@ configs were tuned this way, and it was removed. bench/results/
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from nib.engine.cuda.timing import replay_us
 
 log = logging.getLogger("nib.engine")
 
@@ -105,18 +106,10 @@ def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
         for _ in range(steps):
             runner.pos.fill_(p0)
             body()
-    times = []
     with torch.cuda.stream(runner.stream):
-        graph.replay()
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / steps)
+        us = replay_us(graph, steps, reps)
     del graph
-    return statistics.median(times)
+    return us
 
 
 def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:

@@ -27,8 +27,16 @@ def graph_us(fns: Sequence[Callable[[], object]], calls: int = 0, reps: int = 7)
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         for i in range(n):
             fns[i % len(fns)]()
+    us = replay_us(graph, n, reps)
+    del graph
+    return us
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, per_replay: int, reps: int) -> float:
+    """Median microseconds per unit of a captured graph that holds `per_replay` units,
+    over `reps` timed replays on the current stream (after one untimed replay)."""
     graph.replay()
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -36,6 +44,5 @@ def graph_us(fns: Sequence[Callable[[], object]], calls: int = 0, reps: int = 7)
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n)
-    del graph
+        times.append(start.elapsed_time(end) * 1e3 / per_replay)
     return statistics.median(times)
