@@ -5,14 +5,16 @@ cuda/int4_swap.py): every layer of the shape in turn, inside a CUDA graph. That
 ranks configs well but does not see what a config does next to its neighbours in
 the real step, where each kernel starts while the previous one finishes
 (programmatic dependent launch) and the shapes alternate. Measured on the H200
-(bench/decode.py, 2026-12-01), timing the step itself took the INT4 Qwen2.5-1.5B
-step from 840 to 765 us, the 16-bit one from 1296 to 1236 us, and the INT4
-Llama-2-7B one from 1509 to 1474 us.
+(bench/decode.py, two start-ups on 2026-12-01), timing the step itself took the
+INT4 Qwen2.5-1.5B step from 840 to 765 and from 724 to 715 us, the 16-bit one
+from 1296 to 1236 and from 1226 to 1198 us.
 So the runners-up of each shape (STEP_CANDIDATES, fastest first) are then tried
 in the captured decode step, one shape at a time (coordinate descent, PASSES
 passes): each option is applied, a graph of a few decode steps at a mid-context
 position is captured and replayed, and the fastest option stays. A change must
-beat the current choice by more than NOISE to be taken.
+beat the current choice by more than NOISE to be taken, and if the whole step
+then measures slower than before (noise can pick a loser: once 1220 -> 1252 us),
+every shape goes back to its per-shape pick.
 
 Every option is a config the kernel tests cover, and the self-check runs after
 this on what was chosen; only time depends on the choice. (An L2 prefetch of the
@@ -132,6 +134,24 @@ def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:
         )  # fmt: skip
 
 
+def tune(
+    knobs: list[Knob], measure: Callable[[], float], passes: int = PASSES
+) -> tuple[float, float, bool]:
+    """PASSES of descend(), then a check of the whole: if the step now measures slower
+    than before by more than NOISE (each option is timed once, so noise can pick a
+    loser), every knob goes back to options[0]. Returns (before, after, reverted)."""
+    first = measure()
+    for _ in range(passes):
+        descend(knobs, measure)
+    last = measure()
+    if last <= first * (1 + NOISE):
+        return first, last, False
+    for knob in knobs:
+        knob.chosen = 0
+        knob.apply(knob.options[0])
+    return first, measure(), True
+
+
 def tune_step(runner: Any) -> dict[str, str]:
     """Tune every knob of runner.model's decode step (see the module doc), before the
     runner captures its graphs. Returns {knob: chosen option's label}."""
@@ -140,15 +160,15 @@ def tune_step(runner: Any) -> dict[str, str]:
     if not knobs:
         return {}
     started = time.perf_counter()
-    first = step_us(runner)
-    for _ in range(PASSES):
-        descend(knobs, lambda: step_us(runner))
-    last = step_us(runner)
+    first, last, reverted = tune(knobs, lambda: step_us(runner))
     torch.cuda.empty_cache()
     chosen = {k.name: k.label(k.options[k.chosen]) for k in knobs}
     log.info(
-        "decode step tuned in %.1fs: %.1f -> %.1f us per step; %s",
-        time.perf_counter() - started, first, last, chosen,
+        "decode step tuned in %.1fs: %.1f -> %.1f us per step%s; %s",
+        time.perf_counter() - started, first, last,
+        " (slower: kept the per-shape choices)" if reverted else "", chosen,
     )  # fmt: skip
-    runner.step_tuning = {"before_us": first, "after_us": last, "chosen": chosen}
+    runner.step_tuning = {
+        "before_us": first, "after_us": last, "reverted": reverted, "chosen": chosen,
+    }  # fmt: skip
     return chosen

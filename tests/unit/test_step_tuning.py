@@ -37,3 +37,28 @@ def test_a_gain_within_the_noise_keeps_the_current_option() -> None:
     times["other"] = 100.0 * (1 - 2 * NOISE)
     descend([knob], lambda: times[state["a"]])  # type: ignore[index]
     assert state["a"] == "other" and knob.chosen == 1
+
+
+def test_a_whole_that_ends_slower_goes_back_to_where_it_started() -> None:
+    """Each option is timed once: noise can pick a loser. If the step then measures
+    slower than before by more than NOISE, every knob returns to its first option."""
+    from nib.engine.step_tuning import tune
+
+    state: dict[str, object] = {"a": "now"}
+    (knob,) = _knobs(state, {"a": ["now", "other"]})
+    # before, then the trial of "now", then "other" (looks faster), then the check
+    # (slower than before), then the re-measure after the revert.
+    readings = iter([100.0, 100.0, 90.0, 105.0, 100.5])
+    first, last, reverted = tune([knob], lambda: next(readings), passes=1)
+    assert (first, last, reverted) == (100.0, 100.5, True)
+    assert state["a"] == "now" and knob.chosen == 0
+
+
+def test_a_whole_that_ends_faster_keeps_its_choices() -> None:
+    from nib.engine.step_tuning import tune
+
+    state: dict[str, object] = {"a": "now"}
+    (knob,) = _knobs(state, {"a": ["now", "other"]})
+    readings = iter([100.0, 100.0, 90.0, 91.0])
+    assert tune([knob], lambda: next(readings), passes=1) == (100.0, 91.0, False)
+    assert state["a"] == "other" and knob.chosen == 1
