@@ -192,7 +192,7 @@ def run_nib(
     row = _median_row(results)
     row["capture_s"] = capture_s  # incl. the step tuning
     if use_graphs:
-        row["step_tuning"] = getattr(runner, "step_tuning", None)
+        row["step_tuning"] = runner.step_tuning
         row.update(profile_decode_step(runner))
     del runner
     return row

@@ -151,7 +151,6 @@ class Engine:
         self.model: Transformer | None = None
         self.runner: GraphRunner | None = None
         self.gemv_choices: dict[tuple[int, int], str] = {}
-        self.step_choices: dict[str, str] = {}  # engine/step_tuning.py's picks
         # What the operator sees (health detail, model-info); filled in as the engine starts.
         cpu = self.device.type == "cpu"
         self.kernel_mode = "cpu" if cpu else "pending"  # then "triton" or "reference"
@@ -200,6 +199,13 @@ class Engine:
         to start (then `failure` says why)."""
         self._settled.wait(timeout)
         return self.ready.is_set()
+
+    @property
+    def step_choices(self) -> dict[str, str]:
+        """What start-up's decode-step tuning chose per layer shape (engine/step_tuning.py);
+        empty where it did not run."""
+        tuning = self.runner.step_tuning if self.runner is not None else None
+        return dict(tuning["chosen"]) if tuning else {}  # type: ignore[call-overload]
 
     @property
     def queue_depth(self) -> int:

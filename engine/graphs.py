@@ -85,6 +85,8 @@ class GraphRunner:
         self.model = model
         self.device = device
         self.max_context = max_context
+        # What start-up's step tuning measured and chose (engine/step_tuning.py), if it ran.
+        self.step_tuning: dict[str, object] | None = None
         self.use_graphs = use_graphs
         self.buckets = buckets or bucket_ladder(max_context)
         biggest = self.buckets[-1]

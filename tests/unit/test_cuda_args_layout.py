@@ -26,28 +26,30 @@ def _layout_asserts(struct: str, cls: type[ctypes.Structure]) -> str:
     return "\n".join(lines)
 
 
-def _structs() -> list[tuple[str, str, type[ctypes.Structure]]]:
-    from nib.engine.cuda.attention import RopeAttnArgs
-    from nib.engine.cuda.gemv16 import G16Args
-    from nib.engine.cuda.greedy import GreedyArgs
-    from nib.engine.cuda.w4a16 import DequantArgs, W4Args
+from nib.engine.cuda.attention import RopeAttnArgs  # noqa: E402
+from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
+from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
+from nib.engine.cuda.w4a16 import DequantArgs, W4Args  # noqa: E402
 
-    return [
-        ("gemv16.cu", "G16Args", G16Args),
-        ("w4a16.cu", "W4Args", W4Args),
-        ("w4a16.cu", "DequantArgs", DequantArgs),
-        ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
-        ("greedy.cu", "GreedyArgs", GreedyArgs),
-    ]
+STRUCTS = [  # (kernel source, struct name, its ctypes twin)
+    ("gemv16.cu", "G16Args", G16Args),
+    ("w4a16.cu", "W4Args", W4Args),
+    ("w4a16.cu", "DequantArgs", DequantArgs),
+    ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
+    ("greedy.cu", "GreedyArgs", GreedyArgs),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize(("source", "struct", "cls"), STRUCTS, ids=[s for _, s, _ in STRUCTS])
 def test_the_ctypes_structs_match_the_kernels_structs(
-    index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source: str,
+    struct: str,
+    cls: type[ctypes.Structure],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     nvcc_or_skip()
-    source, struct, cls = _structs()[index]
     probe = tmp_path / f"layout_{struct}.cu"
     probe.write_text(f'#include "{build.HERE / source}"\n{_layout_asserts(struct, cls)}\n')
     monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path / "cache"))  # the include is not hashed
@@ -57,8 +59,6 @@ def test_the_ctypes_structs_match_the_kernels_structs(
 def test_a_wrong_offset_does_not_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe can fail: one offset off by eight is a compile error."""
     nvcc_or_skip()
-    from nib.engine.cuda.w4a16 import W4Args
-
     probe = tmp_path / "wrong.cu"
     off = W4Args.eps.offset + 8
     probe.write_text(
