@@ -116,16 +116,16 @@ def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
 
 def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:
     """One pass of coordinate descent: each knob in turn tries its options (measure()
-    after each apply) and keeps the fastest, unless it beats options[0] (the current
-    choice) by no more than NOISE."""
+    after each apply) and keeps the fastest, unless it beats the current choice
+    (options[knob.chosen]: options[0] before the first pass) by no more than NOISE."""
     for knob in knobs:
         knob.times_us = []
         for option in knob.options:
             knob.apply(option)
             knob.times_us.append(measure())
         best = min(range(len(knob.options)), key=knob.times_us.__getitem__)
-        if knob.times_us[best] >= knob.times_us[0] * (1 - NOISE):
-            best = 0
+        if knob.times_us[best] >= knob.times_us[knob.chosen] * (1 - NOISE):
+            best = knob.chosen
         knob.chosen = best
         knob.apply(knob.options[best])
         log.debug(

@@ -62,3 +62,14 @@ def test_a_whole_that_ends_faster_keeps_its_choices() -> None:
     readings = iter([100.0, 100.0, 90.0, 91.0])
     assert tune([knob], lambda: next(readings), passes=1) == (100.0, 91.0, False)
     assert state["a"] == "other" and knob.chosen == 1
+
+
+def test_a_second_pass_holds_on_to_the_first_pass_choice_within_the_noise() -> None:
+    state: dict[str, object] = {}
+    (knob,) = _knobs(state, {"a": ["first", "second"]})
+    times = {"first": 100.0, "second": 90.0}
+    descend([knob], lambda: times[state["a"]])  # type: ignore[index]
+    assert knob.chosen == 1
+    times["first"] = 90.0 * (1 - NOISE / 2)  # now a hair faster, within the noise
+    descend([knob], lambda: times[state["a"]])  # type: ignore[index]
+    assert state["a"] == "second" and knob.chosen == 1
