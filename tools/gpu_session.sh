@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
@@ -53,6 +53,9 @@ for step in ${*:-tests int4 typing decode}; do
              [ "$name" = micro_gemv16 ] && extra="--quick --budget-s ${GEMV16_BUDGET:-100}"
              TAIL=14 run "$name" ${MICRO_CAP:-150} python3 "$m" --out bench/results $extra
            done ;;
+    w4a16-tests) TAIL=8 run w4a16-tests ${W4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q \
+                   --maxfail=30 tests/gpu/test_cuda_w4a16.py --junitxml="$LOGS/w4a16-tests.xml"
+                 grep -E "^(FAILED|ERROR)" "$LOGS/w4a16-tests.log" | cut -c1-200 | head -30 ;;
     int4-tests) TAIL=8 run int4-tests ${INT4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q -x \
                   tests/gpu/test_int4_fused_gemv.py ;;
     int4) run int4 ${INT4_CAP:-160} python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;
