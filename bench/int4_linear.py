@@ -189,7 +189,7 @@ def bench_cuda(
     tried, seen = [], set()
     for cfg in ONE_ROW if m == 1 else MULTI_ROW:
         eff = base.effective(cfg, m)
-        if eff in seen or not runs_on(eff, base.capability) or not base.fits(eff, m):
+        if eff in seen or not runs_on(eff, base.capability):
             continue
         seen.add(eff)
         try:

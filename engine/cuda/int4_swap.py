@@ -61,7 +61,7 @@ def _ranked(
     seen: set[W4Config] = set()
     for i, cfg in enumerate(candidates):
         eff = group[0].effective(cfg, m)
-        if eff in seen or not runs_on(eff, group[0].capability) or not group[0].fits(eff, m):
+        if eff in seen or not runs_on(eff, group[0].capability):
             continue
         if not _worth_timing(group[0], eff, sms):
             continue

@@ -59,7 +59,6 @@ struct W4Args {
   int x_bf16;
   int y_bf16;
   float eps;
-  int stages;         // stream pipeline: shared-memory stages of R tiles' K slice
 };
 
 enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_GLU = 2, EPI_GLU_PLAIN = 3 };
@@ -121,7 +120,7 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
 
 // What every block of a launch agrees on: its tiles, its K slice, its lane's place.
 struct Block {
-  int lane, warp, g, t4, tile0, tg, split, n_groups, chunks, gb0, gb1;
+  int lane, warp, g, t4, tile0, split, n_groups, chunks, gb0, gb1;
 };
 
 NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
@@ -131,7 +130,6 @@ NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
   b.g = b.lane >> 2;
   b.t4 = b.lane & 3;
   b.tile0 = blockIdx.x * r_tiles;
-  b.tg = blockIdx.x;  // the tile group: split-K partials and counter index
   b.split = blockIdx.y;
   b.n_groups = a.k >> 7;
   b.chunks = a.k >> 6;
@@ -327,10 +325,9 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
       }
     }
   }
-  bool finisher = true;
   if (a.splits > 1) {
     // Partials of this split: [tile group][split][pair][2][32].
-    float* mine = a.ws + ((size_t)b.tg * a.splits + b.split) * PAIRS * 64;
+    float* mine = a.ws + ((size_t)blockIdx.x * a.splits + b.split) * PAIRS * 64;
 #pragma unroll
     for (int q = 0; q < MINE; ++q) {
       const int pair = warp + q * WARPS;
@@ -342,27 +339,24 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     __threadfence();
     __syncthreads();
     int* flag = reinterpret_cast<int*>(scratch + 32);
-    if (threadIdx.x == 0) *flag = atomicAdd(a.counters + b.tg, 1);
+    if (threadIdx.x == 0) *flag = atomicAdd(a.counters + blockIdx.x, 1);
     __syncthreads();
-    finisher = *flag == a.splits - 1;  // the same in every thread of the block
-    if (finisher) {
-      __threadfence();
-      const float* all = a.ws + (size_t)b.tg * a.splits * PAIRS * 64;
+    if (*flag != a.splits - 1) return;
+    __threadfence();
+    const float* all = a.ws + (size_t)blockIdx.x * a.splits * PAIRS * 64;
 #pragma unroll
-      for (int q = 0; q < MINE; ++q) {
-        const int pair = warp + q * WARPS;
-        fin[q][0] = fin[q][1] = 0.f;
-        if (pair < PAIRS) {
-          for (int s = 0; s < a.splits; ++s) {
-            fin[q][0] += ld_cg(all + (s * PAIRS + pair) * 64 + lane);
-            fin[q][1] += ld_cg(all + (s * PAIRS + pair) * 64 + 32 + lane);
-          }
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = warp + q * WARPS;
+      fin[q][0] = fin[q][1] = 0.f;
+      if (pair < PAIRS) {
+        for (int s = 0; s < a.splits; ++s) {
+          fin[q][0] += ld_cg(all + (s * PAIRS + pair) * 64 + lane);
+          fin[q][1] += ld_cg(all + (s * PAIRS + pair) * 64 + 32 + lane);
         }
       }
-      if (threadIdx.x == 0) a.counters[b.tg] = 0;
     }
+    if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
   }
-  if (!finisher) return;
 #pragma unroll
   for (int q = 0; q < MINE; ++q) {
     const int pair = warp + q * WARPS;
@@ -500,92 +494,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
 #endif
 }
 
-// Stream pipeline (sm_90): a persistent grid of about B blocks per SM. Block b owns
-// the tile groups [b G / nb, (b + 1) G / nb) of its split (G = N / 16R groups of R
-// tiles); one shared-memory stage holds one tile group's whole K slice (R x groups x
-// 1 KB of weights and their scales), and a.stages of them are in flight. Thread 0
-// issues the first stages before the dependency wait, so the weights of the next
-// launch stream in while the previous kernel finishes, then refills each stage as
-// the block finishes with it: the copy engine keeps the block's share of memory busy
-// across its tiles, with no ramp per tile and no registers spent on the stream.
-template <int MT, int R, int WARPS, bool SMEM_X>
-NIB_DEVICE void w4a16_stream_body(const W4Args& a) {
-#if __CUDA_ARCH__ >= 900
-  constexpr int FRAG = R * MT * 4;
-  Block b = block_of(a, R);
-  const int n_tg = a.tiles / R;
-  const int nb = gridDim.x;
-  const int tg0 = (int)(((long long)blockIdx.x * n_tg) / nb);
-  const int tg1 = (int)(((long long)(blockIdx.x + 1) * n_tg) / nb);
-  const int count = tg1 - tg0;
-  const int ng = b.gb1 - b.gb0;  // groups of this split
-  const int NS = a.stages;
-  const u32 tw = (u32)ng * 1024, ts = (u32)ng * 32;  // one tile's weights, scales
-  unsigned char* wsm = smem;                           // [NS][R][tw]
-  unsigned char* ssm = wsm + (size_t)NS * R * tw;      // [NS][R][ts]
-  u64* bars = reinterpret_cast<u64*>(ssm + (size_t)NS * R * ts);
-  u16* xs = reinterpret_cast<u16*>(reinterpret_cast<unsigned char*>(bars) + ((NS * 8 + 15) & ~15));
-  float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xs) +
-                                        (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
-  float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < NS; ++s) mbar_init(bars + s, 1);
-    fence_mbar_init();
-  }
-  __syncthreads();
-  auto issue = [&](int i) {  // thread 0: tile group tg0 + i into stage i % NS
-    const int stage = i % NS;
-    mbar_expect_tx(bars + stage, (u32)R * (tw + ts));
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const size_t tile = (size_t)(tg0 + i) * R + r;
-      bulk_g2s(wsm + ((size_t)stage * R + r) * tw, a.qw + (tile * b.chunks + 2 * b.gb0) * 32, tw,
-               bars + stage);
-      bulk_g2s(ssm + ((size_t)stage * R + r) * ts, a.sc + (tile * b.n_groups + b.gb0) * 8, ts,
-               bars + stage);
-    }
-  };
-  pdl_launch_dependents();
-  if (threadIdx.x == 0)
-    for (int s = 0; s < NS && s < count; ++s) issue(s);
-  pdl_wait();
-  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
-
-  for (int i = 0; i < count; ++i) {
-    const int stage = i % NS;
-    mbar_wait(bars + stage, (u32)((i / NS) & 1));
-    float acc[R][MT][4];
-    zero(acc);
-    auto group = [&](int gl) {  // this warp's group gl of the stage
-      uint4 w[R][2];
-      u32 s[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4* ws = reinterpret_cast<const uint4*>(wsm + ((size_t)stage * R + r) * tw);
-        w[r][0] = ws[(2 * gl) * 32 + b.lane];
-        w[r][1] = ws[(2 * gl + 1) * 32 + b.lane];
-        s[r] = reinterpret_cast<const u32*>(ssm + ((size_t)stage * R + r) * ts)[gl * 8 + b.g];
-      }
-      mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + gl, w, s, acc);
-    };
-    // Two groups per trip: their mma chains are independent and interleave.
-    int gl = b.warp;
-    for (; gl + WARPS < ng; gl += 2 * WARPS) {
-      group(gl);
-      group(gl + WARPS);
-    }
-    if (gl < ng) group(gl);
-    __syncthreads();  // every warp is done with the stage: refill it
-    if (threadIdx.x == 0 && i + NS < count) issue(i + NS);
-    b.tg = tg0 + i;
-    b.tile0 = b.tg * R;
-    reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
-  }
-#else
-  __trap();  // w4a16.py launches these on sm_90 and newer only
-#endif
-}
-
 // Dequantise a packed weight to fp16 [N, K] in logical row order (prefill: then cuBLAS).
 struct DequantArgs {
   const uint4* qw;
@@ -634,17 +542,11 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
 }
 
 // The tile shapes w4a16.py may launch: w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g> (register
-// pipeline), w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only) and
-// w4a16_m<MT>_r<R>_w<WARPS>_<s|g>t (stream, sm_90 only; its depth is a.stages).
+// pipeline) and w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only).
 #define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
     w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
-  }
-#define W4_STREAM_KERNEL(MT, R, WARPS, SMEM, TAG)                                           \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
-      w4a16_m##MT##_r##R##_w##WARPS##_##TAG##t(const W4Args a) {                            \
-    w4a16_stream_body<MT, R, WARPS, SMEM>(a);                                               \
   }
 #define W4_BULK_KERNEL(MT, R, WARPS, NS, SMEM, TAG)                                         \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
@@ -668,10 +570,6 @@ W4_BULK_KERNEL(1, 1, 8, 3, true, s)
 W4_BULK_KERNEL(1, 2, 4, 3, true, s)
 W4_BULK_KERNEL(1, 2, 4, 4, true, s)
 W4_BULK_KERNEL(1, 4, 4, 2, true, s)
-W4_STREAM_KERNEL(1, 1, 4, true, s)
-W4_STREAM_KERNEL(1, 1, 8, true, s)
-W4_STREAM_KERNEL(1, 2, 4, true, s)
-W4_STREAM_KERNEL(1, 2, 8, true, s)
 // 2..8 and 9..16 rows (speculative verification, small batches): fp16 from global memory.
 W4_KERNEL(1, 1, 4, 4, false, g)
 W4_KERNEL(1, 2, 4, 2, false, g)
@@ -681,7 +579,3 @@ W4_BULK_KERNEL(1, 1, 4, 4, false, g)
 W4_BULK_KERNEL(1, 2, 4, 3, false, g)
 W4_BULK_KERNEL(2, 1, 4, 4, false, g)
 W4_BULK_KERNEL(2, 2, 4, 3, false, g)
-W4_STREAM_KERNEL(1, 1, 8, false, g)
-W4_STREAM_KERNEL(2, 1, 8, false, g)
-W4_STREAM_KERNEL(1, 1, 4, false, g)
-W4_STREAM_KERNEL(2, 1, 4, false, g)

@@ -114,22 +114,16 @@ class W4Config:
     """One launch shape: `r` 16-row tiles per block, `warps` warps sharing the block's K
     slice, `pf` groups of 128 inputs in flight per warp (register pipeline) or stages of
     `warps` groups (bulk), `splits` blocks along K; `bulk`: weights stream into shared
-    memory through the copy engine (sm_90) instead of through registers. `stream` > 0:
-    a persistent grid of `stream` blocks per SM, each streaming its run of tile groups
-    through `pf` shared-memory stages of one tile group's K slice (bulk copies, sm_90;
-    `pf` is cut to what fits)."""
+    memory through the copy engine (sm_90) instead of through registers."""
 
     r: int = 1
     warps: int = 4
     pf: int = 4
     splits: int = 1
     bulk: bool = False
-    stream: int = 0
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
-        if self.stream:
-            return f"int4 mma16 stream r{self.r}w{self.warps}n{self.pf}b{self.stream}{split}"
         if self.bulk:
             return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
         return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}"
@@ -141,13 +135,7 @@ STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 4, 3), (1, 1, 8, 4), (1, 1, 8, 2), 
 STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2)}
 GLOBAL = {(1, 1, 4, 4), (1, 2, 4, 2), (2, 1, 4, 4), (2, 2, 4, 2)}
 GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3)}
-STAGED_STREAM = {(1, 1, 4), (1, 1, 8), (1, 2, 4), (1, 2, 8)}  # (mt, r, warps)
-GLOBAL_STREAM = {(1, 1, 8), (2, 1, 8), (1, 1, 4), (2, 1, 4)}
 BULK_CAPABILITY = (9, 0)
-SHARED_PER_SM = 228 << 10  # sm_90: what a multiprocessor's blocks share
-SHARED_PER_BLOCK = 227 << 10  # the most one block may opt in to
-SHARED_RESERVED = 1 << 10  # the runtime's share of each block
-STREAM_DEPTHS = (16, 3)  # stages asked for: as many as fit, or a shallow pipeline
 
 # What start-up timing and bench/int4_linear.py try: every instantiation, 1, 2 or 4 splits
 # (2..16 rows: the tile shapes built for both one and two n8 tiles).
@@ -156,12 +144,6 @@ ONE_ROW = tuple(
     for bulk, table in ((False, STAGED), (True, STAGED_BULK))
     for (_, r, w, d) in sorted(table)
     for s in (1, 2, 4)
-) + tuple(
-    W4Config(r, w, d, s, True, b)
-    for (_, r, w) in sorted(STAGED_STREAM)
-    for d in STREAM_DEPTHS
-    for b in (1, 2)
-    for s in (1, 2)
 )
 MULTI_ROW = tuple(
     W4Config(r, w, d, s, bulk)
@@ -169,12 +151,6 @@ MULTI_ROW = tuple(
     for (mt, r, w, d) in sorted(table)
     if mt == 1 and (2, r, w, d) in table
     for s in (1, 2, 4)
-) + tuple(
-    W4Config(r, w, STREAM_DEPTHS[0], s, True, b)
-    for (mt, r, w) in sorted(GLOBAL_STREAM)
-    if mt == 1 and (2, r, w) in GLOBAL_STREAM
-    for b in (1, 2)
-    for s in (1, 2)
 )
 
 
@@ -183,17 +159,13 @@ def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
 
 
 def kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
-    src = "s" if staged else "g"
-    if cfg.stream:
-        if (mt, cfg.r, cfg.warps) not in (STAGED_STREAM if staged else GLOBAL_STREAM):
-            raise ValueError(f"w4a16: no stream kernel for mt={mt} {cfg}")
-        return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{src}t"
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
     else:
         table, depth, tail = (STAGED if staged else GLOBAL), "p", ""
     if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
         raise ValueError(f"w4a16: no kernel for mt={mt} {cfg} ({'staged' if staged else 'global'})")
+    src = "s" if staged else "g"
     return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_{src}{tail}"
 
 
@@ -203,25 +175,9 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
-    if cfg.stream:  # stages of r tiles' K slice, weights then scales; mbarriers (padded)
-        total += cfg.pf * stream_stage_bytes(cfg, groups_per_split) + ((cfg.pf * 8 + 15) & ~15)
-    elif cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
+    if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
         total += cfg.pf * cfg.r * cfg.warps * (1024 + 32) + 16 * cfg.pf
     return total
-
-
-def stream_stage_bytes(cfg: W4Config, groups_per_split: int) -> int:
-    """One stream stage: r tiles x the split's groups x (1 KB of weights + 32 B of scales)."""
-    return cfg.r * groups_per_split * (1024 + 32)
-
-
-def stream_depth(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) -> int:
-    """The most stages (<= cfg.pf) that fit `stream` blocks on one SM; 0: none fits."""
-    cap = min(SHARED_PER_BLOCK, SHARED_PER_SM // cfg.stream - SHARED_RESERVED)
-    fixed = shared_bytes(W4Config(cfg.r, cfg.warps, 0, cfg.splits, True, cfg.stream), mt,
-                         staged, groups_per_split)  # fmt: skip
-    per_stage = stream_stage_bytes(cfg, groups_per_split) + 8
-    return max(0, min(cfg.pf, (cap - fixed - 8) // per_stage))
 
 
 class W4Args(ctypes.Structure):
@@ -233,7 +189,7 @@ class W4Args(ctypes.Structure):
         ("x_stride", ctypes.c_int), ("y_stride", ctypes.c_int), ("inter", ctypes.c_int),
         ("splits", ctypes.c_int), ("groups_per_split", ctypes.c_int), ("epi", ctypes.c_int),
         ("norm", ctypes.c_int), ("x_bf16", ctypes.c_int), ("y_bf16", ctypes.c_int),
-        ("eps", ctypes.c_float), ("stages", ctypes.c_int),
+        ("eps", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -287,7 +243,6 @@ class CudaInt4:
         self._module = module("w4a16.cu", self.device)
         self.capability = torch.cuda.get_device_capability(self.device)
         self.bulk_ok = self.capability >= BULK_CAPABILITY
-        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         # Programmatic dependent launch: the weights of this layer start streaming while
         # the previous kernel finishes (both kernels' code is written for it).
         self.pdl = pdl(self.device)
@@ -317,21 +272,7 @@ class CudaInt4:
         r = _rows_of(cfg.r, self.tiles)
         groups = self.k // GROUP_SIZE
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
-        if not cfg.stream:
-            return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk)
-        fitted = W4Config(r, cfg.warps, cfg.pf, splits, True, cfg.stream)
-        mt, staged = (2 if m > 8 else 1), m == 1
-        depth = stream_depth(fitted, mt, staged, -(-groups // splits))
-        return W4Config(r, cfg.warps, depth, splits, True, cfg.stream)
-
-    def fits(self, cfg: W4Config, m: int) -> bool:
-        """Whether cfg (as effective() fits it) can launch for m rows here."""
-        eff = self.effective(cfg, m)
-        if eff.bulk and not self.bulk_ok:
-            return False
-        if eff.stream and eff.pf < 1:
-            return False
-        return m > 1 or self.k <= MAX_K_STAGED
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""
@@ -367,9 +308,6 @@ class CudaInt4:
             raise ValueError(f"{self.name}: w4a16 takes 1..{MAX_ROWS} rows, K <= {MAX_K_STAGED}")
         if cfg.bulk and not self.bulk_ok:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
-        if cfg.stream and cfg.pf < 1:
-            raise ValueError(f"{self.name}: {cfg.label()}: one stage of K = {self.k} does not "
-                             f"fit {cfg.stream} blocks per SM in shared memory")
         kernel = self._module.kernel(kernel_name(mt, cfg, staged))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
@@ -390,12 +328,9 @@ class CudaInt4:
             self.tiles, self.k, m, x.stride(0) if x.dim() == 2 else self.k,
             y.stride(0) if y.dim() == 2 else y.numel(), self.n // 2, cfg.splits, per_split, epi,
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
-            int(y.dtype == torch.bfloat16), eps, cfg.pf if cfg.stream else 0,
+            int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
-        groups_of_tiles = self.tiles // cfg.r
-        if cfg.stream:
-            groups_of_tiles = max(1, min(groups_of_tiles, cfg.stream * self.sms // cfg.splits))
-        grid = (groups_of_tiles, cfg.splits)
+        grid = (self.tiles // cfg.r, cfg.splits)
         kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)
 
     # -- what Int4Linear calls -------------------------------------------------------

@@ -84,11 +84,6 @@ def test_one_row_every_config(layer: str, cfg: W4Config) -> None:
     p, w32 = packed(layer)
     x = _x(p.k)
     out = torch.full((1, p.n), float("nan"), device="cuda", dtype=torch.float16)
-    if not p.fits(cfg, 1):  # a stream stage too large for shared memory: refused by name
-        assert cfg.stream and p.effective(cfg, 1).pf == 0
-        with pytest.raises(ValueError, match="does not fit"):
-            p.run(x, out, 1, cfg, 0)
-        return
     p.run(x, out, 1, cfg, 0)
     _compare(out, x.float() @ w32.t(), f"{layer} {p.effective(cfg, 1).label()}", torch.float16)
 
@@ -101,8 +96,6 @@ FUSED_CONFIGS = (
     W4Config(1, 4, 4, 2, bulk=True),
     W4Config(2, 4, 3, 1, bulk=True),
     W4Config(4, 4, 2, 4, bulk=True),
-    W4Config(1, 8, 16, 1, bulk=True, stream=1),
-    W4Config(2, 4, 3, 2, bulk=True, stream=2),
 )
 
 
@@ -145,7 +138,6 @@ def test_multi_row(layer: str, cfg: W4Config, m: int) -> None:
     p, w32 = packed(layer, fusion)
     x = _x(p.k, m)
     out = torch.full((m, p.n), float("nan"), device="cuda", dtype=torch.float16)
-    assert p.fits(cfg, m), p.effective(cfg, m)
     p.run(x, out, m, cfg, 3 if fusion else 0)
     _compare(out, x.float() @ w32.t(), f"{layer} m={m} {cfg.label()}", torch.float16)
 
@@ -177,11 +169,9 @@ def test_dequantize16_matches_the_logical_weight() -> None:
         assert codes.shape == (p.n, p.k)
 
 
-@pytest.mark.parametrize(
-    "cfg", [W4Config(1, 4, 4, 4), W4Config(1, 8, 16, 2, True, 1)], ids=lambda c: c.label()
-)
-def test_split_counters_reset_and_results_repeat(cfg: W4Config) -> None:
+def test_split_counters_reset_and_results_repeat() -> None:
     p, w32 = packed("llama-2-7b.o_proj")
+    cfg = W4Config(1, 4, 4, 4)
     x = _x(p.k)
     first = torch.full((1, p.n), float("nan"), device="cuda", dtype=torch.float16)
     second = first.clone()
@@ -191,7 +181,7 @@ def test_split_counters_reset_and_results_repeat(cfg: W4Config) -> None:
     assert torch.equal(first, second)
     _, counters = p._buffers[(p.effective(cfg, 1), 1)]
     assert int(counters.abs().sum()) == 0
-    _compare(first, x.float() @ w32.t(), cfg.label(), torch.float16)
+    _compare(first, x.float() @ w32.t(), "split 4", torch.float16)
 
 
 def test_graph_replay_with_new_inputs() -> None:
@@ -212,7 +202,6 @@ def test_graph_replay_with_new_inputs() -> None:
     qkv, w_qkv = make(2048, 1536, "norm", W4Config(2, 4, 2, 2))
     o, w_o = make(1536, 2048, "residual", W4Config(1, 4, 4, 2, bulk=True))
     up, w_up = make(2 * 4480, 1536, "norm_glu", W4Config(1, 4, 6, 1, bulk=True))
-    down, w_down = make(1536, 4480, "residual", W4Config(1, 8, 16, 2, True, 1))
     h = torch.zeros(1536, device="cuda", dtype=dtype)
     nw = torch.zeros(1536, device="cuda", dtype=dtype)
     res = torch.zeros(1536, device="cuda", dtype=dtype)
@@ -222,8 +211,6 @@ def test_graph_replay_with_new_inputs() -> None:
         outs["qkv"] = qkv.norm(h, nw, EPS)
         o.residual(outs["qkv"], res)
         outs["glu"] = up.norm(res, nw, EPS)
-        outs["res2"] = res2 = res.clone()
-        down.residual(outs["glu"], res2)
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -250,8 +237,6 @@ def test_graph_replay_with_new_inputs() -> None:
         _compare(res, ref_res, "graph residual", dtype)
         gate, upv = ((normed(res) @ w_up.t()).to(dtype).float()).chunk(2)
         _compare(outs["glu"], F.silu(gate).to(dtype).float() * upv, "graph glu", dtype, True)
-        ref_res2 = res.float() + (outs["glu"].half().float() @ w_down.t()).to(dtype).float()
-        _compare(outs["res2"], ref_res2, "graph stream residual", dtype)
 
 
 def test_unsupported_shape_is_refused_by_name() -> None:
@@ -264,7 +249,7 @@ def test_unsupported_shape_is_refused_by_name() -> None:
 def test_resources_no_spills() -> None:
     """What ptxas reported for the kernels loaded here: no local memory."""
     mod = loader.module("w4a16.cu", torch.device("cuda"))
-    for cfg in ONE_ROW[:6] + tuple(c for c in ONE_ROW if c.stream)[:8]:
+    for cfg in ONE_ROW[:6]:
         from nib.engine.cuda.w4a16 import kernel_name
 
         kernel = mod.kernel(kernel_name(1, cfg, True))

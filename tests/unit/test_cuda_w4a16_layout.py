@@ -156,38 +156,3 @@ def test_shapes_the_kernel_cannot_run_are_refused(n: int, k: int, glu: bool, rul
     with pytest.raises(QuantShapeError, match=rule) as info:
         pack(codes, scales, glu, name="layers.3.mlp")
     assert "layers.3.mlp" in str(info.value)
-
-
-@pytest.mark.parametrize("blocks_per_sm", [1, 2])
-@pytest.mark.parametrize("k", [1536, 4096, 8960, 11008])
-@pytest.mark.parametrize("r", [1, 2])
-def test_stream_stages_fit_the_multiprocessor(blocks_per_sm: int, k: int, r: int) -> None:
-    """The stream pipeline's depth is the most stages that fit `stream` blocks per SM,
-    and the launch's shared memory (as w4a16.cu lays it out) never exceeds it."""
-    from nib.engine.cuda import w4a16
-
-    groups = k // GROUP_SIZE
-    cfg = w4a16.W4Config(r, 8, 16, 1, True, blocks_per_sm)
-    depth = w4a16.stream_depth(cfg, 1, True, groups)
-    cap = min(w4a16.SHARED_PER_BLOCK, w4a16.SHARED_PER_SM // blocks_per_sm - 1024)
-    stage = w4a16.stream_stage_bytes(cfg, groups)
-    assert stage == r * groups * 1056
-    if depth:
-        fitted = w4a16.W4Config(r, 8, depth, 1, True, blocks_per_sm)
-        assert w4a16.shared_bytes(fitted, 1, True, groups) <= cap
-    if depth < 16:  # one more stage would not fit
-        more = w4a16.W4Config(r, 8, depth + 1, 1, True, blocks_per_sm)
-        assert w4a16.shared_bytes(more, 1, True, groups) > cap
-    # Llama-2-7B's down projection (K = 11008): two tiles' stage is too big for two blocks.
-    if k == 11008 and r == 2 and blocks_per_sm == 2:
-        assert depth == 0
-
-
-def test_stream_labels_and_kernel_names() -> None:
-    from nib.engine.cuda import w4a16
-
-    cfg = w4a16.W4Config(2, 4, 6, 2, True, 1)
-    assert cfg.label() == "int4 mma16 stream r2w4n6b1s2"
-    assert w4a16.kernel_name(1, cfg, True) == "w4a16_m1_r2_w4_st"
-    with pytest.raises(ValueError, match="no stream kernel"):
-        w4a16.kernel_name(2, cfg, False)
