@@ -8,12 +8,15 @@ Starts `nib serve` on 127.0.0.1 with a model of the given shape (random-init
 weights for the GPU shapes), then from this process (another process than the
 server) streams greedy completions through the SDK: client-observed median
 inter-token time and time to first token, against the server's own timings
-for the same requests (Done.timings). Then cancels completions on an SDK
+for the same requests (Done.timings), once on `Complete` (a call per completion)
+and once on one open `Session` (a message per completion on a stream opened
+once, as the LSP bridge and editor plugins keep it; keys prefixed `session_`).
+Then cancels completions on an SDK
 Session after k tokens and counts how many tokens, and how many engine steps,
 the engine still produced. Checks the figures against issue 6 (client median
 inter-token time at most the engine's + 0.15 ms, time to first token within
-1 ms of the engine's, a cancel stops generation within 2 steps); --strict
-makes a miss exit 2. Writes <out>/<date>-wire.json (rows merged by shape).
+1 ms of the engine's, a cancel stops generation within 2 steps), for each path;
+--strict makes a miss on either exit 2. Writes <out>/<date>-wire.json (rows merged by shape).
 
 Every figure is per token, from the SDK's `token_times` (when each token's
 delta reached the client), never per text chunk: a token may bring no text
@@ -38,7 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nib.sdk import SessionStream
@@ -89,11 +92,23 @@ def start_server(
     raise BenchFailure("the server did not become SERVING in 10 minutes")
 
 
-def stream_stats(address: str, prompt: str, new: int, reps: int) -> dict[str, object]:
-    """Greedy completions on `Complete`: per-token gaps and time to first token, as the
-    client saw them (SDK token_times) and as the engine measured them (Done.timings)."""
+def stream_stats(
+    address: str, prompt: str, new: int, reps: int, via: str = "complete"
+) -> dict[str, object]:
+    """Greedy completions on `Complete` (a call per completion) or on one open `Session`
+    (via="session": a message per completion on a stream opened once, as an editor
+    keeps it): per-token gaps and time to first token, as the client saw them (SDK
+    token_times) and as the engine measured them (Done.timings)."""
     from nib.sdk import Client
 
+    with Client(address) as client:
+        if via == "session":
+            with client.session() as session:
+                return _stream_stats(session.complete, prompt, new, reps)
+        return _stream_stats(client.complete, prompt, new, reps)
+
+
+def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, object]:
     client_gaps: list[float] = []
     engine_gaps: list[float] = []
     rep_engine_gaps: list[list[float]] = []
@@ -101,28 +116,27 @@ def stream_stats(address: str, prompt: str, new: int, reps: int) -> dict[str, ob
     engine_ttft: list[float] = []
     first_text: list[float] = []
     tokens, text_chunks = [], []
-    with Client(address) as client:
-        client.complete(prompt, max_tokens=new).result()  # warm-up
-        for _ in range(reps):
-            start = time.perf_counter()
-            stream = client.complete(prompt, max_tokens=new)
-            text_chunks.append(sum(1 for _text in stream))
-            stamps = stream.token_times
-            tokens.append(len(stamps))
-            if len(stamps) != stream.usage.completion_tokens:
-                raise BenchFailure(
-                    f"the client saw {len(stamps)} tokens, the server reports "
-                    f"{stream.usage.completion_tokens} ({stream.finish_reason})"
-                )
-            if not stamps:
-                continue  # ended at once (end of text): nothing to time
-            client_ttft.append((stamps[0] - start) * 1e3)
-            engine_ttft.append(stream.timings.ttft_ms)
-            if stream.first_delta_s is not None:
-                first_text.append(stream.first_delta_s * 1e3)
-            client_gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
-            engine_gaps += stream.timings.inter_token_ms
-            rep_engine_gaps.append(list(stream.timings.inter_token_ms))
+    complete(prompt, max_tokens=new).result()  # warm-up
+    for _ in range(reps):
+        start = time.perf_counter()
+        stream = complete(prompt, max_tokens=new)
+        text_chunks.append(sum(1 for _text in stream))
+        stamps = stream.token_times
+        tokens.append(len(stamps))
+        if len(stamps) != stream.usage.completion_tokens:
+            raise BenchFailure(
+                f"the client saw {len(stamps)} tokens, the server reports "
+                f"{stream.usage.completion_tokens} ({stream.finish_reason})"
+            )
+        if not stamps:
+            continue  # ended at once (end of text): nothing to time
+        client_ttft.append((stamps[0] - start) * 1e3)
+        engine_ttft.append(stream.timings.ttft_ms)
+        if stream.first_delta_s is not None:
+            first_text.append(stream.first_delta_s * 1e3)
+        client_gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
+        engine_gaps += stream.timings.inter_token_ms
+        rep_engine_gaps.append(list(stream.timings.inter_token_ms))
     if not client_gaps or not engine_gaps:
         raise BenchFailure(
             f"no inter-token gap to time: {reps} completions of max_tokens={new} gave "
@@ -217,11 +231,12 @@ def cancel_overrun(
     }
 
 
-def issue_6(row: dict[str, object]) -> list[str]:
-    """The targets of issue 6 that this row misses, in words (empty: all met)."""
+def issue_6(row: dict[str, object], prefix: str = "") -> list[str]:
+    """The targets of issue 6 that this row misses, in words (empty: all met); prefix
+    "session_": the streaming figures of the Session path (the cancel check is shared)."""
 
     def f(key: str) -> float:
-        value = row[key]
+        value = row[prefix + key] if prefix + key in row else row[key]
         assert isinstance(value, (int, float)), key
         return float(value)
 
@@ -284,18 +299,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/wire.py: FAILED ({shape}, {args.device}): {exc}", file=sys.stderr)
         return 1
     misses = issue_6(row)
+    session_misses = issue_6(row, "session_")
     row["issue_6_met"] = not misses
     row["issue_6_misses"] = misses
+    row["issue_6_session_met"] = not session_misses
+    row["issue_6_session_misses"] = session_misses
     print(json.dumps(row), flush=True)
-    print(
-        "issue 6: "
-        + ("met" if not misses else "MISSED: " + "; ".join(misses))
-        + f" (client/engine median inter-token {row['client_inter_token_ms_median']:.3f}/"
-        f"{row['engine_inter_token_ms_median']:.3f} ms, ttft {row['client_ttft_ms_median']:.2f}/"
-        f"{row['engine_ttft_ms_median']:.2f} ms, cancel overrun max "
-        f"{row['cancel_overrun_steps_max']} steps / {row['cancel_overrun_tokens_max']} tokens)",
-        flush=True,
-    )
+    for path, prefix, missed in (("Complete", "", misses), ("Session", "session_", session_misses)):
+        print(
+            f"issue 6 on {path}: "
+            + ("met" if not missed else "MISSED: " + "; ".join(missed))
+            + f" (client/engine median inter-token {row[prefix + 'client_inter_token_ms_median']:.3f}/"
+            f"{row[prefix + 'engine_inter_token_ms_median']:.3f} ms, ttft "
+            f"{row[prefix + 'client_ttft_ms_median']:.2f}/{row[prefix + 'engine_ttft_ms_median']:.2f}"
+            f" ms, cancel overrun max {row['cancel_overrun_steps_max']} steps / "
+            f"{row['cancel_overrun_tokens_max']} tokens)",
+            flush=True,
+        )
     today = dt.date.today().isoformat()
     path = args.out / f"{today}-wire.json"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -313,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
-    return 2 if misses and args.strict else 0
+    return 2 if (misses or session_misses) and args.strict else 0
 
 
 def measure(args: argparse.Namespace, shape: str, random_shape: bool) -> dict[str, object]:
@@ -335,6 +355,8 @@ def measure(args: argparse.Namespace, shape: str, random_shape: bool) -> dict[st
                 "new_tokens": args.new,
             }
             row.update(stream_stats(address, prompt, args.new, args.reps))
+            session = stream_stats(address, prompt, args.new, args.reps, via="session")
+            row.update({f"session_{k}": v for k, v in session.items()})
             boundary = row["engine_step_boundary_ms"]
             assert isinstance(boundary, float)
             row.update(

@@ -56,13 +56,20 @@ for step in ${*:-tests int4 typing decode}; do
     w4a16-tests) TAIL=8 run w4a16-tests ${W4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q \
                    --maxfail=30 tests/gpu/test_cuda_w4a16.py --junitxml="$LOGS/w4a16-tests.xml"
                  grep -E "^(FAILED|ERROR)" "$LOGS/w4a16-tests.log" | cut -c1-200 | head -30 ;;
+    ncu-w4a16) # the hardware's view of the 7B layer's INT4 kernels (ncu; Firecracker hosts only)
+               for spec in "4096 12288 1,4,3,1,0 norm" "11008 4096 1,8,4,1,0 residual" "4096 22016 4,4,2,1,0 norm_glu"; do
+                 set -- $spec
+                 TAIL=60 run "ncu-$1x$2" ${NCU_CAP:-60} ncu --clock-control none -k regex:w4a16_m1 --launch-skip 3 --launch-count 1 \
+                   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+                   --section MemoryWorkloadAnalysis python3 tools/profile_w4a16.py --k $1 --n $2 --cfg $3 --fusion $4
+               done ;;
     int4-tests) TAIL=8 run int4-tests ${INT4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q -x \
                   tests/gpu/test_int4_fused_gemv.py ;;
     int4) run int4 ${INT4_CAP:-160} python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;
     typing) run typing 100 python3 bench/typing_trace.py --shape qwen2.5-coder-1.5b --device cuda --max-chars 1500 ;;
     decode) TAIL=16 run decode ${DECODE_CAP:-400} python3 bench/decode.py --out bench/results --reps 2 \
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
-    wire) run wire 120 python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
+    wire) run wire ${WIRE_CAP:-200} python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
     wire-trace) run wire-trace ${TRACE_CAP:-110} python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b \
                   --json "$LOGS/wire-trace.json"
                 run wire-floor 60 python3 bench/wire_trace.py --floor --stub-ms 3,1.4 --json "$LOGS/wire-floor.json" ;;
