@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": device_name(),
         "torch": torch.__version__,
         "command": command,
-        "commands": [*earlier.get("commands", []), command],
+        # The commands behind the rows kept (a row replaced by this run drops its command).
+        "commands": list(dict.fromkeys(r.get("command", command) for r in kept + rows)),
         "copy_bandwidth_gbps": bandwidth,
         "prompt_tokens": args.prompt,
         "new_tokens": args.new,
