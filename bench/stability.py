@@ -21,9 +21,11 @@ speculation), in this order:
 
 Passes when no graph ran eagerly, every request ended with exactly one DoneEvent
 and none with an error, both checks repeat their tokens, and on CUDA allocated
-memory at the end is at most 1 MiB above its value after warm-up. The prefix
-cache's stashed copies are left out of that comparison: they are bounded (entries
-and a byte budget) and legitimately differ between the two points. Random-init
+memory at the end is at most 1 MiB above its value after warm-up. Two bounded
+caches are left out of that comparison, their bytes reported beside it: the prefix
+cache's stashed copies (entries and a byte budget) and the token healer's device
+biases (engine/healing.py: at most BIAS_CACHE vocabulary rows, which must hold at
+the end); both legitimately differ between the two points. Random-init
 shapes have their special-token rows zeroed (typing_trace.random_model_dir) so
 generation does not stop at once. Merges its row into
 bench/results/<date>-stability.json (by device+shape); exits 1 if it failed.
@@ -286,8 +288,12 @@ def fixed_outputs(client: Client, new: int) -> list[tuple[int, ...]]:
 def memory(engine: Engine) -> dict[str, int | None]:
     """The allocator's counters, the graph pool now, and the prefix cache's stashed copies."""
     stash = sum(e.nbytes for e in engine.prefix.entries) if engine.prefix else 0
+    healing = engine.healer.cached_bytes if engine.healer else 0
     if engine.device.type != "cuda":
-        return {"allocated": None, "reserved": None, "graph_pool": None, "prefix_stash": stash}
+        return {
+            "allocated": None, "reserved": None, "graph_pool": None, "prefix_stash": stash,
+            "healing_bias": healing,
+        }  # fmt: skip
     torch.cuda.synchronize(engine.device)
     runner = engine.runner
     pool = graph_pool_usage(engine.device, runner.pool, 0) if runner and runner.pool else None
@@ -297,6 +303,7 @@ def memory(engine: Engine) -> dict[str, int | None]:
         # "reserved-delta" is a start-up measure: meaningless read again here
         "graph_pool": pool.reserved if pool and pool.method == "snapshot" else None,
         "prefix_stash": stash,
+        "healing_bias": healing,
     }
 
 
@@ -339,11 +346,20 @@ def failures(row: dict[str, Any], cuda: bool) -> list[str]:
     if not row["same_output_fixed_seed"]:
         why.append("the fixed-seed and greedy checks changed their tokens")
     if cuda:
-        grew = (row["memory_allocated_end"] - row["prefix_stash_bytes_end"]) - (
-            row["memory_allocated_start"] - row["prefix_stash_bytes_start"]
+        caches_end = row["prefix_stash_bytes_end"] + row["healing_bias_bytes_end"]
+        caches_start = row["prefix_stash_bytes_start"] + row["healing_bias_bytes_start"]
+        grew = (row["memory_allocated_end"] - caches_end) - (
+            row["memory_allocated_start"] - caches_start
         )
         if grew > MIB:
-            why.append(f"allocated memory grew by {grew} bytes (prefix stash excluded)")
+            why.append(
+                f"allocated memory grew by {grew} bytes (prefix stash and healing biases excluded)"
+            )
+        if row["healing_bias_bytes_end"] > row["healing_bias_bytes_bound"]:
+            why.append(
+                f"the healing biases hold {row['healing_bias_bytes_end']} bytes, above their "
+                f"bound of {row['healing_bias_bytes_bound']}"
+            )
     return why
 
 
@@ -404,6 +420,9 @@ def stability(
         graph_pool_bytes_end=end["graph_pool"],
         prefix_stash_bytes_start=start["prefix_stash"],
         prefix_stash_bytes_end=end["prefix_stash"],
+        healing_bias_bytes_start=start["healing_bias"],
+        healing_bias_bytes_end=end["healing_bias"],
+        healing_bias_bytes_bound=engine.healer.bound_bytes if engine.healer else 0,
         max_context=engine.max_context,
         seed=seed,
     )

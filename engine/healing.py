@@ -66,6 +66,16 @@ class TokenHealer:
             return HealPlan(prompt_ids, "")
         return HealPlan(prompt_ids[:at] + prompt_ids[at + 1 :], text)
 
+    @property
+    def cached_bytes(self) -> int:
+        """Device (or host) memory the cached biases hold: at most bound_bytes."""
+        return sum(t.numel() * t.element_size() for t in self._bias.values())
+
+    @property
+    def bound_bytes(self) -> int:
+        """What a full cache holds: BIAS_CACHE fp32 rows of the model's vocabulary."""
+        return BIAS_CACHE * self.model_vocab * 4
+
     def bias(self, text: str, device: torch.device) -> torch.Tensor:
         """[model_vocab] fp32: 0 for tokens that extend `text` or are a prefix of it, -inf else.
 

@@ -95,5 +95,7 @@ def test_the_bias_is_built_once_per_text_and_device_and_stays_bounded(
     for i in range(BIAS_CACHE + 3):
         healer.bias("x" * (i + 1), cpu)
     assert len(healer._bias) == BIAS_CACHE
+    # What the cache holds, as the stability bench reads it: full, and exactly its bound.
+    assert healer.cached_bytes == healer.bound_bytes == BIAS_CACHE * first.numel() * 4
     rebuilt = healer.bias(" ", cpu)  # evicted long ago: built again, the same values
     assert rebuilt is not first and torch.equal(rebuilt, first)

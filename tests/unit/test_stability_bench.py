@@ -67,7 +67,10 @@ def passing_row() -> dict[str, Any]:
         "memory_allocated_start": 3 << 30,
         "memory_allocated_end": (3 << 30) + (64 << 20),  # 64 MiB more, all of it stashes
         "prefix_stash_bytes_start": 0,
-        "prefix_stash_bytes_end": 64 << 20,
+        "prefix_stash_bytes_end": 60 << 20,
+        "healing_bias_bytes_start": 1 << 20,
+        "healing_bias_bytes_end": 5 << 20,  # 4 more healed texts' biases
+        "healing_bias_bytes_bound": 10 << 20,
     }
 
 
@@ -84,6 +87,10 @@ def passing_row() -> dict[str, Any]:
         ({"decode_steps": 9000}, "decoded 9000"),
         ({"same_output_fixed_seed": False}, "changed their tokens"),
         ({"memory_allocated_end": (3 << 30) + (66 << 20)}, "grew by 2097152 bytes"),
+        (
+            {"healing_bias_bytes_end": 11 << 20, "prefix_stash_bytes_end": 54 << 20},
+            "above their bound",
+        ),
     ],
 )
 def test_pass_rule_fails_each_defect(
