@@ -286,14 +286,13 @@ def fixed_outputs(client: Client, new: int) -> list[tuple[int, ...]]:
 
 
 def memory(engine: Engine) -> dict[str, int | None]:
-    """The allocator's counters, the graph pool now, and the prefix cache's stashed copies."""
-    stash = sum(e.nbytes for e in engine.prefix.entries) if engine.prefix else 0
-    healing = engine.healer.cached_bytes if engine.healer else 0
+    """The allocator's counters, the graph pool now, and the two bounded caches' bytes."""
+    caches = {  # bounded: left out of the growth check, reported beside it
+        "prefix_stash": sum(e.nbytes for e in engine.prefix.entries) if engine.prefix else 0,
+        "healing_bias": engine.healer.cached_bytes if engine.healer else 0,
+    }
     if engine.device.type != "cuda":
-        return {
-            "allocated": None, "reserved": None, "graph_pool": None, "prefix_stash": stash,
-            "healing_bias": healing,
-        }  # fmt: skip
+        return {"allocated": None, "reserved": None, "graph_pool": None, **caches}
     torch.cuda.synchronize(engine.device)
     runner = engine.runner
     pool = graph_pool_usage(engine.device, runner.pool, 0) if runner and runner.pool else None
@@ -302,8 +301,7 @@ def memory(engine: Engine) -> dict[str, int | None]:
         "reserved": torch.cuda.memory_reserved(engine.device),
         # "reserved-delta" is a start-up measure: meaningless read again here
         "graph_pool": pool.reserved if pool and pool.method == "snapshot" else None,
-        "prefix_stash": stash,
-        "healing_bias": healing,
+        **caches,
     }
 
 

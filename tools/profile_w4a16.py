@@ -13,6 +13,7 @@ import argparse
 
 import torch
 
+from nib.engine.cuda.int4_swap import fused_call
 from nib.engine.cuda.w4a16 import CudaInt4, W4Config
 
 
@@ -29,19 +30,12 @@ def main() -> None:
     codes = torch.randint(0, 16, (args.n, args.k), device="cuda", dtype=torch.uint8)
     scales = (torch.rand(args.k // 128, args.n, device="cuda") * 0.02 + 0.001).half()
     base = CudaInt4(codes, scales, None, args.fusion, "profiled", torch.float16)
-    copies = [base] + [base.clone() for _ in range(3)]
     x = torch.randn(args.k, device="cuda", dtype=torch.float16)
-    nw = torch.ones_like(x)
-    res = torch.zeros(base.n, device="cuda", dtype=torch.float16)
+    scratch = torch.zeros(base.n, device="cuda", dtype=torch.float16)
+    copies = [base] + [base.clone() for _ in range(3)]
+    calls = [fused_call(layer, cfg, x, scratch) for layer in copies]
     for i in range(args.launches):
-        layer = copies[i % len(copies)]
-        layer.prepare(cfg, 1)
-        if args.fusion in ("norm", "norm_glu"):
-            layer.norm(x, nw, 1e-6, cfg)
-        elif args.fusion == "residual":
-            layer.residual(x, res, cfg)
-        else:
-            layer.linear(x.view(1, -1), cfg)
+        calls[i % len(calls)]()
     torch.cuda.synchronize()
     print("launched", args.launches, base.effective(cfg, 1).label())
 

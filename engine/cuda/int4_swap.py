@@ -31,10 +31,11 @@ DEFAULT_MULTI_ROW = MULTI_ROW[0]
 MULTI_ROWS_TUNED = 8  # a verify step's rows (1 + 7 drafted tokens)
 
 
-def _call(
+def fused_call(
     packed: CudaInt4, cfg: W4Config, x: torch.Tensor, scratch: torch.Tensor
 ) -> Callable[[], object]:
-    """One call of `packed`'s fused variant with tile config cfg (for timing)."""
+    """One call of `packed`'s fused variant with tile config cfg, on x (one row) and a
+    scratch residual of at least packed.n (for timing and profiling)."""
     packed.prepare(cfg, 1)
     if packed.fusion == "residual":
         return partial(packed.residual, x, scratch[: packed.n], cfg)
@@ -68,7 +69,7 @@ def _ranked(
         seen.add(eff)
         try:
             if m == 1:
-                calls = [_call(p, eff, x, scratch) for p in group]
+                calls = [fused_call(p, eff, x, scratch) for p in group]
             else:
                 calls = [partial(p.linear, rows, eff) for p in group]
             timed.append((graph_us(calls), i, eff))
