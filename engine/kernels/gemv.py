@@ -100,7 +100,7 @@ def _gemv_kernel(
     X, W, B, Y, NW, WS, LOCK,
     N, stride_w, eps,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """y = W x (+ b), one program per BLOCK_N output rows (and 1/SPLIT_K of K), fp32
     accumulation.
@@ -114,6 +114,10 @@ def _gemv_kernel(
     SPLIT_K > 1 (few rows, long K: more programs in flight): each program writes fp32
     partials to WS; the last of a row block to finish (an atomic counter in LOCK, which
     it resets) sums them and runs the epilogue. One launch, graph-safe.
+    PDL (programmatic dependent launch, sm_90): the next kernel may launch as soon as
+    this one runs, and this one's first weight tile is loaded before it waits for the
+    previous kernel (griddepcontrol.wait), as nib's CUDA kernels do: the weights do not
+    depend on it, x and the residual do. Each later tile is then loaded one step ahead.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -125,21 +129,48 @@ def _gemv_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     sq = tl.zeros((BLOCK_K,), tl.float32)
-    for i in range(0, K_SPLIT, BLOCK_K):
-        cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        cols = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
         offs = rows[:, None] * stride_w + cols[None, :]
-        mask = row_ok[:, None] & col_ok[None, :]
+        mask = row_ok[:, None] & (cols < K)[None, :]
         w = tl.load(W + offs, mask=mask, other=0.0)
         if EPILOGUE == 2:
             w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
-        xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if NORM:
-            sq += xf * xf
-            xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xf[None, :]
-        if EPILOGUE == 2:
-            acc_up += w_up.to(tl.float32) * xf[None, :]
+        tl.extra.cuda.gdc_wait()
+        for i in range(0, K_SPLIT, BLOCK_K):
+            cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
+            if NORM:
+                sq += xf * xf
+                xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * xf[None, :]
+            if EPILOGUE == 2:
+                acc_up += w_up.to(tl.float32) * xf[None, :]
+            # The next tile (none past this program's share of K).
+            cols = cols + BLOCK_K
+            offs = rows[:, None] * stride_w + cols[None, :]
+            mask = row_ok[:, None] & ((cols < K) & (i + BLOCK_K < K_SPLIT))[None, :]
+            w = tl.load(W + offs, mask=mask, other=0.0)
+            if EPILOGUE == 2:
+                w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+    else:
+        for i in range(0, K_SPLIT, BLOCK_K):
+            cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            offs = rows[:, None] * stride_w + cols[None, :]
+            mask = row_ok[:, None] & col_ok[None, :]
+            w = tl.load(W + offs, mask=mask, other=0.0)
+            if EPILOGUE == 2:
+                w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+            xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
+            if NORM:
+                sq += xf * xf
+                xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * xf[None, :]
+            if EPILOGUE == 2:
+                acc_up += w_up.to(tl.float32) * xf[None, :]
     y = tl.sum(acc, axis=1)
     y_up = tl.sum(acc_up, axis=1)
     ss = tl.sum(sq, axis=0)
@@ -197,6 +228,26 @@ def split_buffers(
     )
 
 
+_PDL: dict[int, dict[str, bool]] = {}
+
+
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """The launch arguments for the PDL constexpr of nib's Triton kernels on `device`:
+    programmatic dependent launch where nib's CUDA kernels use it (cuda/loader.pdl) and
+    this Triton launches with it (its `launch_pdl` option); otherwise plain launches."""
+    if device.type != "cuda":
+        return {"PDL": False}  # Triton's interpreter (CPU tests) runs no inline PTX
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _PDL:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        from nib.engine.cuda.loader import pdl
+
+        on = pdl(device) and "launch_pdl" in CUDAOptions.__dataclass_fields__
+        _PDL[index] = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return _PDL[index]
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -234,6 +285,7 @@ def _launch(
         n, weight.stride(0), eps,
         K=k, HAS_BIAS=bias is not None, NORM=norm_weight is not None, EPILOGUE=epilogue,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, num_warps=cfg.num_warps,
+        **pdl_launch(x.device),
     )  # fmt: skip
 
 

@@ -118,10 +118,41 @@ def test_multi_query_attention_is_causal_per_query(dtype: torch.dtype) -> None:
         assert rel_err(out[:, :, i : i + 1], expected) < tol(dtype)
 
 
+@pytest.fixture(
+    params=[False, True] if DEVICE.type == "cuda" else [False],
+    ids=lambda on: "pdl" if on else "plain",
+)
+def triton_pdl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The Triton GEMV launched plainly and, on a GPU that has it, with programmatic
+    dependent launch (its first weight tile loaded before griddepcontrol.wait)."""
+    from nib.engine.kernels import gemv as gemv_module
+
+    on = bool(request.param)
+    if DEVICE.type == "cuda":
+        if on and not gemv_module.pdl_launch(DEVICE)["PDL"]:
+            pytest.skip("no programmatic dependent launch on this GPU or Triton")
+        launch = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+        monkeypatch.setitem(gemv_module._PDL, torch.cuda.current_device(), launch)
+    return on
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs CUDA")
+def test_triton_gemv_launches_with_pdl_where_the_cuda_kernels_do() -> None:
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    from nib.engine.cuda.loader import pdl
+    from nib.engine.kernels.gemv import pdl_launch
+
+    expected = pdl(DEVICE) and "launch_pdl" in CUDAOptions.__dataclass_fields__
+    assert pdl_launch(DEVICE)["PDL"] is expected
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert expected, "sm_90 with a Triton that has launch_pdl: the GEMV must use PDL"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(100, 256), (384, 640), (7, 1024)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
+def test_gemv(dtype: torch.dtype, n: int, k: int, bias: bool, triton_pdl: bool) -> None:
     w = torch.randn(n, k, dtype=dtype, device=DEVICE) / k**0.5
     x = torch.randn(1, 1, k, dtype=dtype, device=DEVICE)
     b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
@@ -132,7 +163,9 @@ def test_gemv(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(100, 256), (7, 1024)])
-def test_fused_gemv_prologue_and_epilogues(dtype: torch.dtype, n: int, k: int) -> None:
+def test_fused_gemv_prologue_and_epilogues(
+    dtype: torch.dtype, n: int, k: int, triton_pdl: bool
+) -> None:
     """The batch-1 fusions against the unfused reference sequence: norm -> linear,
     norm -> gate_up -> SiLU·mul, linear -> residual add (in place, every row written)."""
     w = torch.randn(2 * n, k, dtype=dtype, device=DEVICE) / k**0.5
