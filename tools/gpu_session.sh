@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [chain] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
-# chain: the INT4 chain kernels' GPU tests, then bench/int4_chain.py (a launch per
-# product against one chain per layer); triton-tests: the Triton kernels compiled
-# (tests/unit/test_kernels.py, plain and PDL launches).
+# triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
+# launches).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
@@ -66,10 +65,6 @@ for step in ${*:-tests int4 typing decode}; do
                    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
                    --section MemoryWorkloadAnalysis python3 tools/profile_w4a16.py --k $1 --n $2 --cfg $3 --fusion $4
                done ;;
-    chain) TAIL=8 run chain-tests ${CHAIN_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q \
-             --maxfail=10 tests/gpu/test_w4a16_chain.py --junitxml="$LOGS/chain-tests.xml"
-           grep -E "^(FAILED|ERROR)" "$LOGS/chain-tests.log" | cut -c1-200 | head -20
-           TAIL=14 run int4-chain ${CHAIN_CAP:-150} python3 bench/int4_chain.py --out bench/results ;;
     triton-tests) TAIL=6 run triton-tests ${TRITON_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
                     tests/unit/test_kernels.py --junitxml="$LOGS/triton-tests.xml"
                   grep -E "^(FAILED|ERROR)" "$LOGS/triton-tests.log" | cut -c1-200 | head -20 ;;

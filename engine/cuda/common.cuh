@@ -35,17 +35,6 @@ NIB_DEVICE float ld_cg(const float* p) {
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
-NIB_DEVICE uint4 ld_cg_u4(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-NIB_DEVICE u16 ld_cg_u16(const u16* p) {
-  u16 v;
-  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-  return v;
-}
 NIB_DEVICE float4 ld_cg4(const float4* p) {
   float4 v;
   asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
@@ -285,26 +274,3 @@ NIB_DEVICE float ex2(float x) {
 // This thread's earlier writes are visible GPU-wide before its later ones (split-K
 // partials before the counter that announces them; the counter before reading them).
 NIB_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
-// ---- ordering between the blocks of one launch (w4a16.cu's chains) --------------
-// Block until *count >= target; what the counted blocks wrote before their arrive() is
-// then visible to every thread of this block: thread 0 polls with acquire loads (they
-// synchronise with the arrivals' release), the barrier passes it on. A count that never
-// comes (a broken ordering) traps after ~a second instead of hanging the GPU.
-NIB_DEVICE void wait_count(const int* count, int target) {
-  if (threadIdx.x == 0) {
-    int seen;
-    for (int spins = 0;; ++spins) {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-      if (seen >= target) break;
-      if (spins > (1 << 24)) __trap();
-    }
-  }
-  __syncthreads();
-}
-// After a barrier: thread 0 adds one to *count with release semantics, which covers
-// the whole block's writes before the barrier (release is cumulative).
-NIB_DEVICE void arrive(int* count) {
-  if (threadIdx.x == 0)
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
-}

@@ -93,9 +93,7 @@ NIB_DEVICE float load_act(const void* p, size_t i, bool bf16) {
 }
 
 // The epilogue for one lane's pair of values: rows rr0 = g and g + 8 of tile t, for
-// batch row b. v0/v1 are the finished fp32 sums. COHERENT (a chain): the residual was
-// written by an earlier op of this launch, so it is read from L2, past L1.
-template <bool COHERENT>
+// batch row b. v0/v1 are the finished fp32 sums.
 NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, float v1) {
   if (b >= a.m) return;
   const bool ybf = a.y_bf16 != 0;
@@ -113,32 +111,26 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
     v1 += load_act(a.bias, r1, ybf);
   }
   if (a.epi == EPI_RESIDUAL) {
-    const u16* res = reinterpret_cast<const u16*>(a.res);
-    const float h0 = COHERENT ? act2f(ld_cg_u16(res + yrow + r0), ybf) : load_act(a.res, yrow + r0, ybf);
-    const float h1 = COHERENT ? act2f(ld_cg_u16(res + yrow + r1), ybf) : load_act(a.res, yrow + r1, ybf);
-    v0 = h0 + round_act(v0, ybf);
-    v1 = h1 + round_act(v1, ybf);
+    v0 = load_act(a.res, yrow + r0, ybf) + round_act(v0, ybf);
+    v1 = load_act(a.res, yrow + r1, ybf) + round_act(v1, ybf);
   }
   store_act(a.y, yrow + r0, v0, ybf);
   store_act(a.y, yrow + r1, v1, ybf);
 }
 
 // What every block of a launch agrees on: its tiles, its K slice, its lane's place.
-// (bx, by) is the block's place in the op's grid: blockIdx for a kernel of its own,
-// the block's ticket within its op in a chain.
 struct Block {
-  int lane, warp, g, t4, bx, tile0, split, n_groups, chunks, gb0, gb1;
+  int lane, warp, g, t4, tile0, split, n_groups, chunks, gb0, gb1;
 };
 
-NIB_DEVICE Block block_of(const W4Args& a, int r_tiles, int bx, int by) {
+NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
   Block b;
   b.lane = threadIdx.x & 31;
   b.warp = threadIdx.x >> 5;
   b.g = b.lane >> 2;
   b.t4 = b.lane & 3;
-  b.bx = bx;
-  b.tile0 = bx * r_tiles;
-  b.split = by;
+  b.tile0 = blockIdx.x * r_tiles;
+  b.split = blockIdx.y;
   b.n_groups = a.k >> 7;
   b.chunks = a.k >> 6;
   b.gb0 = b.split * a.groups_per_split;
@@ -178,12 +170,10 @@ NIB_DEVICE float sum_squares(uint4 v, bool xbf) {
 // One row of activations -> fp16 in shared memory (this block's K slice), after the
 // optional RMSNorm over the whole row. A row of up to THREADS * HELD vectors is read
 // once, into registers (one trip to L2 before the barrier); longer rows twice. Ends
-// with a barrier. COHERENT (a chain): x was written by an earlier op of this launch,
-// so it is read from L2 (the read-only path may hold an older copy).
-template <int THREADS, bool COHERENT>
+// with a barrier.
+template <int THREADS>
 NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch) {
   constexpr int HELD = 4;
-  auto ld_x = [](const uint4* p) { return COHERENT ? ld_cg_u4(p) : ld_nc(p); };
   const bool xbf = a.x_bf16 != 0;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
   const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
@@ -192,7 +182,7 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
   const uint4 zero = make_uint4(0, 0, 0, 0);
   if (!a.norm) {
     for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
-      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_x(x8 + i), zero, false, 1.f, xbf);
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), zero, false, 1.f, xbf);
     __syncthreads();
     return;
   }
@@ -202,7 +192,7 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
 #pragma unroll
     for (int j = 0; j < HELD; ++j) {
       const int i = threadIdx.x + j * THREADS;
-      v[j] = i < nvec ? ld_x(x8 + i) : zero;
+      v[j] = i < nvec ? ld_nc(x8 + i) : zero;
       nv[j] = i >= s0 && i < s1 ? ld_nc(n8 + i) : zero;
     }
 #pragma unroll
@@ -216,11 +206,11 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
         reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(v[j], nv[j], true, inv, xbf);
     }
   } else {
-    for (int i = threadIdx.x; i < nvec; i += THREADS) ss += sum_squares(ld_x(x8 + i), xbf);
+    for (int i = threadIdx.x; i < nvec; i += THREADS) ss += sum_squares(ld_nc(x8 + i), xbf);
     ss = block_sum(ss, scratch);
     const float inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
     for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
-      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_x(x8 + i), ld_nc(n8 + i), true, inv, xbf);
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), ld_nc(n8 + i), true, inv, xbf);
   }
   __syncthreads();
 }
@@ -290,7 +280,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
 
 // Sum the warps' accumulators (shared memory), then split-K (partials + the last block
 // of a tile group finishes) and the epilogue.
-template <int MT, int R, int WARPS, bool COHERENT>
+template <int MT, int R, int WARPS>
 NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (&acc)[R][MT][4],
                                   float* red, float* scratch) {
   constexpr int FRAG = R * MT * 4;
@@ -337,7 +327,7 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
   }
   if (a.splits > 1) {
     // Partials of this split: [tile group][split][pair][2][32].
-    float* mine = a.ws + ((size_t)b.bx * a.splits + b.split) * PAIRS * 64;
+    float* mine = a.ws + ((size_t)blockIdx.x * a.splits + b.split) * PAIRS * 64;
 #pragma unroll
     for (int q = 0; q < MINE; ++q) {
       const int pair = warp + q * WARPS;
@@ -349,11 +339,11 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     __threadfence();
     __syncthreads();
     int* flag = reinterpret_cast<int*>(scratch + 32);
-    if (threadIdx.x == 0) *flag = atomicAdd(a.counters + b.bx, 1);
+    if (threadIdx.x == 0) *flag = atomicAdd(a.counters + blockIdx.x, 1);
     __syncthreads();
     if (*flag != a.splits - 1) return;
     __threadfence();
-    const float* all = a.ws + (size_t)b.bx * a.splits * PAIRS * 64;
+    const float* all = a.ws + (size_t)blockIdx.x * a.splits * PAIRS * 64;
 #pragma unroll
     for (int q = 0; q < MINE; ++q) {
       const int pair = warp + q * WARPS;
@@ -365,14 +355,14 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
         }
       }
     }
-    if (threadIdx.x == 0) a.counters[b.bx] = 0;
+    if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
   }
 #pragma unroll
   for (int q = 0; q < MINE; ++q) {
     const int pair = warp + q * WARPS;
     if (pair < PAIRS) {
       const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-      finish_pair<COHERENT>(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1]);
+      finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1]);
     }
   }
 }
@@ -380,16 +370,10 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
 // Register pipeline: each warp keeps PF groups of its loads in flight in registers.
 extern __shared__ __align__(128) unsigned char smem[];
 
-//
-// (bx, by): the block's place in the op's grid. In a chain (CHAIN), `after` counts the
-// finished blocks of the op before this one and the block waits for it to reach
-// `blocks_before` where a kernel of its own waits for the previous kernel (pdl_wait);
-// what earlier ops wrote is then read past the read-only path.
-template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CHAIN = false>
-NIB_DEVICE void w4a16_body(const W4Args& a, int bx, int by, const int* after = nullptr,
-                           int blocks_before = 0) {
+template <int MT, int R, int WARPS, int PF, bool SMEM_X>
+NIB_DEVICE void w4a16_body(const W4Args& a) {
   constexpr int FRAG = R * MT * 4;
-  const Block b = block_of(a, R, bx, by);
+  const Block b = block_of(a, R);
   // This warp's groups: gb0 + warp + i * WARPS, i < n_w.
   const int n_w = b.gb1 - b.gb0 - b.warp > 0 ? (b.gb1 - b.gb0 - b.warp + WARPS - 1) / WARPS : 0;
   const uint4* qw[R];
@@ -410,19 +394,18 @@ NIB_DEVICE void w4a16_body(const W4Args& a, int bx, int by, const int* after = n
       s[r] = ld_nc_u32(sc[r] + grp * 8);
     }
   };
-  if constexpr (!CHAIN) pdl_launch_dependents();
+  pdl_launch_dependents();
   // Weights first (they do not depend on the previous kernel): their trip to memory
   // overlaps the previous kernel's tail and this kernel's activation prologue.
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
-  if (CHAIN && after != nullptr) wait_count(after, blocks_before);
   pdl_wait();
 
   u16* xs = reinterpret_cast<u16*>(smem);
   float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
-  if constexpr (SMEM_X) stage_x<WARPS * 32, CHAIN>(a, b, xs, scratch);
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
   zero(acc);
@@ -436,7 +419,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a, int bx, int by, const int* after = n
       }
     }
   }
-  reduce_and_finish<MT, R, WARPS, CHAIN>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
 }
 
 // Bulk-copy pipeline (sm_90): one thread streams each step's weights (WARPS groups of
@@ -449,7 +432,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   constexpr int FRAG = R * MT * 4;
   constexpr int WBYTES = WARPS * 1024;  // one tile's weights per step
   constexpr int SBYTES = WARPS * 32;    // one tile's scales per step
-  const Block b = block_of(a, R, blockIdx.x, blockIdx.y);
+  const Block b = block_of(a, R);
   const int steps = (b.gb1 - b.gb0 + WARPS - 1) / WARPS;
   unsigned char* wsm = smem;                                   // [NS][R][WBYTES]
   unsigned char* ssm = wsm + NS * R * WBYTES;                  // [NS][R][SBYTES]
@@ -482,7 +465,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
   pdl_wait();
-  if constexpr (SMEM_X) stage_x<WARPS * 32, false>(a, b, xs, scratch);
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
   zero(acc);
@@ -505,7 +488,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
-  reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only
 #endif
@@ -563,7 +546,7 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
 #define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
-    w4a16_body<MT, R, WARPS, PF, SMEM>(a, blockIdx.x, blockIdx.y);                          \
+    w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
   }
 #define W4_BULK_KERNEL(MT, R, WARPS, NS, SMEM, TAG)                                         \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
@@ -600,92 +583,3 @@ W4_BULK_KERNEL(2, 1, 4, 4, false, g)
 W4_BULK_KERNEL(2, 2, 4, 3, false, g)
 W4_BULK_KERNEL(1, 4, 4, 2, false, g)
 W4_BULK_KERNEL(2, 4, 4, 2, false, g)
-
-// ---- chains: several one-row ops in one launch ------------------------------------
-// At one row a layer is a handful of small products, and each launch of its own pays a
-// fixed ~3 us (the grid's end, the flush, the next grid's start and its dependent
-// prologue) that its bytes do not. A chain runs ops 0..n-1 (each a W4Args and a tile
-// config of the register pipeline, all with the chain's WARPS) in one grid of
-// sum(blocks) blocks, op i's blocks after op i - 1's in blockIdx order. A block of op i
-// first loads its weights (they depend on nothing), then waits until every block of
-// op i - 1 has finished (a counter per op, released after the block's stores, acquired
-// before its reads). A block thus waits only on blocks of lower index, which the
-// hardware dispatches first (the in-order dispatch CUB's single-pass scans rely on
-// too): no deadlock. The ops travel in the kernel's parameters (the constant bank, as a
-// kernel of their own would read them). Op 0 waits for the previous kernel (PDL).
-// The last block to finish resets the counters, so the launch is graph-safe; each
-// chain in a graph has its own counters (the next chain may start early under PDL).
-struct W4Op {
-  W4Args a;
-  int cfg;       // index into the chain's (R, PF) table below
-  int blocks_x;  // tile groups (blocks along N)
-  int blocks;    // blocks_x x splits
-  int begin;     // the op's first ticket
-};
-
-// Each counter of a chain sits on its own 128-byte line (SYNC_STRIDE ints): waiting
-// blocks poll one line while finishing blocks add to another.
-#define SYNC_STRIDE 32
-
-#define MAX_CHAIN_OPS 8
-
-struct W4Chain {
-  int* sync;  // lines: [1 + i] finished blocks of op i, [1 + n] all finished
-  int n_ops;
-  int total;  // blocks in the grid
-  W4Op ops[MAX_CHAIN_OPS];
-};
-
-// The chain's tile configs: (R, PF) by id. A chain kernel compiles those that keep at
-// most LOADS = R x PF weight loads in flight per lane (its registers are those of its
-// largest case: w4a16.py picks the smallest LOADS that covers the chain's ops).
-#define W4_CHAIN_CASE(ID, R, PF)                                              \
-  case ID:                                                                    \
-    if constexpr (R * PF <= LOADS) {                                          \
-      w4a16_body<1, R, WARPS, PF, true, true>(a, bx, by, after, before);      \
-      break;                                                                  \
-    }                                                                         \
-    __trap();
-
-template <int WARPS, int LOADS>
-NIB_DEVICE void w4a16_chain_body(const W4Chain& c) {
-  pdl_launch_dependents();
-  const int ticket = blockIdx.x;
-  int i = 0;
-  while (i + 1 < c.n_ops && ticket >= c.ops[i + 1].begin) ++i;
-  const W4Op* op = c.ops + i;
-  const W4Args& a = op->a;
-  const int v = ticket - op->begin;
-  const int bx = v % op->blocks_x, by = v / op->blocks_x;
-  const int* after = i > 0 ? c.sync + i * SYNC_STRIDE : nullptr;
-  const int before = i > 0 ? c.ops[i - 1].blocks : 0;
-  switch (op->cfg) {
-    W4_CHAIN_CASE(0, 1, 4)
-    W4_CHAIN_CASE(1, 1, 2)
-    W4_CHAIN_CASE(2, 2, 2)
-    W4_CHAIN_CASE(3, 2, 4)
-    W4_CHAIN_CASE(4, 4, 2)
-    default:
-      __trap();
-  }
-  // This block's stores (and, for a split op's last block, the op's outputs) are done:
-  // release them to the next op, and let the last block of the grid reset the counters.
-  __syncthreads();
-  arrive(c.sync + (1 + i) * SYNC_STRIDE);
-  if (threadIdx.x == 0) {
-    if (atomicAdd(c.sync + (1 + c.n_ops) * SYNC_STRIDE, 1) == c.total - 1) {
-      for (int j = 1; j < c.n_ops + 2; ++j) c.sync[j * SYNC_STRIDE] = 0;
-      __threadfence();
-    }
-  }
-}
-
-#define W4_CHAIN_KERNEL(WARPS, LOADS)                                                      \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                 \
-      w4a16_chain_w##WARPS##_l##LOADS(const W4Chain c) {                                   \
-    w4a16_chain_body<WARPS, LOADS>(c);                                                     \
-  }
-W4_CHAIN_KERNEL(4, 4)
-W4_CHAIN_KERNEL(4, 8)
-W4_CHAIN_KERNEL(8, 4)
-W4_CHAIN_KERNEL(8, 8)

@@ -201,19 +201,6 @@ class DequantArgs(ctypes.Structure):
     ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class W4Launch:
-    """One launch of a layer's kernel: its name, effective config, grid, arguments and
-    dynamic shared memory (the `layer` keeps the tensors the arguments point at)."""
-
-    kernel: str
-    cfg: W4Config
-    grid: tuple[int, int]
-    args: W4Args
-    shared: int
-    layer: CudaInt4
-
-
 def _rows_of(r: int, tiles: int) -> int:
     """The largest tile count per block <= r that divides `tiles`."""
     while tiles % r:
@@ -314,24 +301,6 @@ class CudaInt4:
         res: torch.Tensor | None = None,
     ) -> None:
         """y = epilogue(W x) for m rows of x (m = 1: fp16/bf16 x, else fp16 [m, K])."""
-        launch = self.op(x, y, m, cfg, epi, norm_weight, eps, res)
-        kernel = self._module.kernel(launch.kernel)
-        kernel.launch(
-            launch.grid, (launch.cfg.warps * 32,), launch.args, launch.shared, pdl=self.pdl
-        )
-
-    def op(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        m: int,
-        cfg: W4Config,
-        epi: int,
-        norm_weight: torch.Tensor | None = None,
-        eps: float = 0.0,
-        res: torch.Tensor | None = None,
-    ) -> W4Launch:
-        """What run() launches for these tensors, without launching it (chains take it)."""
         staged = m == 1
         mt = 2 if m > 8 else 1
         cfg = self.effective(cfg, m)
@@ -339,7 +308,7 @@ class CudaInt4:
             raise ValueError(f"{self.name}: w4a16 takes 1..{MAX_ROWS} rows, K <= {MAX_K_STAGED}")
         if cfg.bulk and not self.bulk_ok:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
-        name = kernel_name(mt, cfg, staged)
+        kernel = self._module.kernel(kernel_name(mt, cfg, staged))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
         ws = counters = None
@@ -361,7 +330,8 @@ class CudaInt4:
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
-        return W4Launch(name, cfg, (self.tiles // cfg.r, cfg.splits), args, shared, self)
+        grid = (self.tiles // cfg.r, cfg.splits)
+        kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)
 
     # -- what Int4Linear calls -------------------------------------------------------
 
@@ -413,87 +383,3 @@ class CudaInt4:
         )  # fmt: skip
         self._module.kernel("w4_dequant").launch((-(-threads // 256),), (256,), args)
         return w
-
-
-# ---- chains: several one-row ops in one launch (w4a16.cu, "chains") ------------------
-SYNC_STRIDE = 32  # ints between a chain's counters (w4a16.cu: one 128-byte line each)
-# The (r, pf) tile configs a chain runs, by the id w4a16.cu's W4_CHAIN_CASE gives them.
-CHAIN_CONFIGS = ((1, 4), (1, 2), (2, 2), (2, 4), (4, 2))
-# The chain kernels built: (warps, most r x pf loads in flight per lane); registers grow
-# with the loads, so a chain runs the smallest kernel that covers its ops.
-CHAIN_KERNELS = {(4, 4), (4, 8), (8, 4), (8, 8)}
-
-
-def chain_runs(cfg: W4Config) -> bool:
-    """Whether a one-row config can be an op of a chain (the register pipeline only)."""
-    return (
-        not cfg.bulk
-        and (cfg.r, cfg.pf) in CHAIN_CONFIGS
-        and any(w == cfg.warps and loads >= cfg.r * cfg.pf for w, loads in CHAIN_KERNELS)
-    )
-
-
-class W4OpArgs(ctypes.Structure):
-    _fields_ = [
-        ("a", W4Args), ("cfg", ctypes.c_int), ("blocks_x", ctypes.c_int),
-        ("blocks", ctypes.c_int), ("begin", ctypes.c_int),
-    ]  # fmt: skip
-
-
-MAX_CHAIN_OPS = 8  # w4a16.cu: the ops travel in the kernel's parameters
-
-
-class W4ChainArgs(ctypes.Structure):
-    _fields_ = [
-        ("sync", ctypes.c_void_p), ("n_ops", ctypes.c_int), ("total", ctypes.c_int),
-        ("ops", W4OpArgs * MAX_CHAIN_OPS),
-    ]  # fmt: skip
-
-
-class Int4Chain:
-    """Ops that follow each other (one row each: a layer's o_proj, gate_up, down, ...) in
-    one launch: op i's blocks load their weights, then wait for every block of op i - 1
-    (counters in global memory) instead of for the end of a kernel. The ops' tensors are
-    fixed when the chain is built (a graph replays it); every op uses one warp count and
-    the register pipeline (`chain_runs`). Own counters per chain."""
-
-    def __init__(self, launches: list[W4Launch]) -> None:
-        if not launches or len(launches) > MAX_CHAIN_OPS:
-            raise ValueError(f"a chain runs 1 to {MAX_CHAIN_OPS} ops; got {len(launches)}")
-        warps = {launch.cfg.warps for launch in launches}
-        if len(warps) != 1:
-            raise ValueError(f"a chain runs one warp count; got {sorted(warps)}")
-        for launch in launches:
-            if not chain_runs(launch.cfg) or not launch.kernel.endswith("_s"):
-                raise ValueError(
-                    f"{launch.layer.name}: {launch.cfg.label()} cannot run in a chain "
-                    f"(one row, register pipeline, (r, pf) in {CHAIN_CONFIGS})"
-                )
-        self.warps = warps.pop()
-        need = max(launch.cfg.r * launch.cfg.pf for launch in launches)
-        self.loads = min(n for w, n in CHAIN_KERNELS if w == self.warps and n >= need)
-        self.launches = launches
-        ops = (W4OpArgs * MAX_CHAIN_OPS)()
-        begin = 0
-        for i, launch in enumerate(launches):
-            blocks_x, splits = launch.grid
-            ops[i] = W4OpArgs(
-                launch.args, CHAIN_CONFIGS.index((launch.cfg.r, launch.cfg.pf)), blocks_x,
-                blocks_x * splits, begin,
-            )  # fmt: skip
-            begin += blocks_x * splits
-        self.total = begin
-        self.shared = max(launch.shared for launch in launches)
-        layer = launches[0].layer
-        self.device = layer.device
-        self._sync = torch.zeros(
-            (len(launches) + 2) * SYNC_STRIDE, dtype=torch.int32, device=self.device
-        )
-        self._module = layer._module
-        self.pdl = layer.pdl
-        self.kernel = f"w4a16_chain_w{self.warps}_l{self.loads}"
-        self.args = W4ChainArgs(self._sync.data_ptr(), len(launches), self.total, ops)
-
-    def launch(self) -> None:
-        kernel = self._module.kernel(self.kernel)
-        kernel.launch((self.total,), (self.warps * 32,), self.args, self.shared, pdl=self.pdl)

@@ -29,14 +29,12 @@ def _layout_asserts(struct: str, cls: type[ctypes.Structure]) -> str:
 from nib.engine.cuda.attention import RopeAttnArgs  # noqa: E402
 from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
 from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
-from nib.engine.cuda.w4a16 import DequantArgs, W4Args, W4ChainArgs, W4OpArgs  # noqa: E402
+from nib.engine.cuda.w4a16 import DequantArgs, W4Args  # noqa: E402
 
 STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("gemv16.cu", "G16Args", G16Args),
     ("w4a16.cu", "W4Args", W4Args),
     ("w4a16.cu", "DequantArgs", DequantArgs),
-    ("w4a16.cu", "W4Op", W4OpArgs),
-    ("w4a16.cu", "W4Chain", W4ChainArgs),
     ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
     ("greedy.cu", "GreedyArgs", GreedyArgs),
 ]

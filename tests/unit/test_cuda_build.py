@@ -48,22 +48,6 @@ def test_every_w4a16_config_has_a_kernel() -> None:
     assert any(c.bulk for c in w4a16.ONE_ROW) and any(not c.bulk for c in w4a16.ONE_ROW)
 
 
-def test_the_chain_tables_match_the_source() -> None:
-    """w4a16.py's chain config ids and chain kernels are the ones w4a16.cu defines."""
-    import re
-
-    from nib.engine.cuda import w4a16
-
-    text = (build.HERE / "w4a16.cu").read_text()
-    cases = re.findall(r"^\s*W4_CHAIN_CASE\((\d+), (\d+), (\d+)\)", text, re.M)
-    assert [(int(r), int(pf)) for _, r, pf in cases] == list(w4a16.CHAIN_CONFIGS)
-    assert [int(i) for i, _, _ in cases] == list(range(len(w4a16.CHAIN_CONFIGS)))
-    kernels = re.findall(r"^W4_CHAIN_KERNEL\((\d+), (\d+)\)", text, re.M)
-    assert {(int(w), int(r)) for w, r in kernels} == w4a16.CHAIN_KERNELS
-    for r, pf in w4a16.CHAIN_CONFIGS:  # each chain config runs in some chain kernel
-        assert any(w4a16.chain_runs(w4a16.W4Config(r, w, pf)) for w in (4, 8)), (r, pf)
-
-
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     nvcc_or_skip()
     monkeypatch.setenv("NIB_CUDA_CACHE", str(tmp_path))
