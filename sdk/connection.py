@@ -131,6 +131,7 @@ class ConnectionOptions:
 # 0.1-0.3 ms of the time to first token on loopback, bench/wire_trace.py). Spelled out, not
 # imported, so that a grpcio without the experimental module still imports the SDK (an
 # option it does not know is ignored); tests/integration/test_first_token.py checks it acts.
+# A bidirectional call (Session) keeps its spin thread whatever the option says.
 SINGLE_THREADED_STREAMS = ("SingleThreadedUnaryStream", 1)
 
 

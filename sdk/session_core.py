@@ -98,11 +98,16 @@ class SessionCore(Generic[S]):
             else:
                 self._streams.pop(stream.request_id, None)
 
-    def _route(self, response: pb.SessionResponse) -> None:
+    def _take(self, response: pb.SessionResponse) -> S | None:
+        """The completion a response is for (None: none waits for it); a done unroutes it."""
         with self._lock:
             stream = self._streams.get(response.request_id)
             if stream is not None and response.HasField("done"):
                 del self._streams[response.request_id]
+        return stream
+
+    def _route(self, response: pb.SessionResponse) -> None:
+        stream = self._take(response)
         if stream is not None:
             stream._deliver(response)
 

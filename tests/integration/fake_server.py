@@ -109,16 +109,17 @@ class FakeServer:
         self.server.stop(0).wait()
 
 
-def start_fake(script: Script, tls: tuple[bytes, bytes] | None = None) -> FakeServer:
-    """Serve `script` on a free loopback port; with tls=(key_pem, cert_pem), over TLS."""
+def start_fake(script: Script, tls: tuple[bytes, bytes] | None = None, port: int = 0) -> FakeServer:
+    """Serve `script` on loopback (a free port unless given; a given one brings a server
+    "back" where an earlier one stopped); with tls=(key_pem, cert_pem), over TLS."""
     servicer = ScriptedServicer(script)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_CompletionServiceServicer_to_server(servicer, server)
     if tls is None:
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(f"127.0.0.1:{port}")
     else:
         creds = grpc.ssl_server_credentials([tls])
-        port = server.add_secure_port("127.0.0.1:0", creds)
+        port = server.add_secure_port(f"127.0.0.1:{port}", creds)
     server.start()
     return FakeServer(f"127.0.0.1:{port}", servicer, server)
 
