@@ -40,7 +40,8 @@ def compile_for(
     signature = {n: types.get(n, "constexpr") for n in names}
     constexprs = {(names.index(n),): v for n, v in consts.items()}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    triton.compile(source, target=target, options={"num_warps": warps})
+    options = {"num_warps": warps, "launch_pdl": bool(consts.get("PDL", False))}
+    triton.compile(source, target=target, options=options)
 
 
 def attention_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
@@ -71,8 +72,8 @@ def gemv_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]
         ("norm_glu", True, gemv.EPI_GLU, False),
         ("residual", False, gemv.EPI_RESIDUAL, False),
     )
-    for dtype, (label, norm, epilogue, bias), split in itertools.product(
-        ("bf16", "fp32"), fusions, (1, 4)
+    for dtype, (label, norm, epilogue, bias), split, pdl in itertools.product(
+        ("bf16", "fp32"), fusions, (1, 4), (False, True)
     ):
         types = {
             "X": f"*{dtype}", "W": f"*{dtype}", "B": f"*{dtype}", "Y": f"*{dtype}",
@@ -81,9 +82,10 @@ def gemv_variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]
         }  # fmt: skip
         consts = dict(
             K=4096, HAS_BIAS=bias, NORM=norm, EPILOGUE=epilogue, BLOCK_N=8, BLOCK_K=512,
-            SPLIT_K=split,
+            SPLIT_K=split, PDL=pdl,
         )  # fmt: skip
-        out.append((f"gemv {dtype} {label} split={split}", gemv._gemv_kernel, types, consts, 4))
+        name = f"gemv {dtype} {label} split={split}{' pdl' if pdl else ''}"
+        out.append((name, gemv._gemv_kernel, types, consts, 4))
     return out
 
 
@@ -120,14 +122,17 @@ def main() -> int:
         return 2
     variants = attention_variants() + gemv_variants() + int4_gemv_variants()
     started = time.perf_counter()
+    n = 0
     for target in TARGETS:
         for name, fn, types, consts, warps in variants:
+            if consts.get("PDL") and target.arch < 90:
+                continue  # programmatic dependent launch exists from sm_90 (gemv.pdl_launch)
+            n += 1
             try:
                 compile_for(fn, target, types, consts, warps)
             except Exception as e:  # report which variant, then fail
                 print(f"FAILED sm_{target.arch} {name}: {type(e).__name__}: {e}")
                 return 1
-    n = len(variants) * len(TARGETS)
     print(f"compiled {n} kernel variants in {time.perf_counter() - started:.1f}s")
     return 0
 
