@@ -339,7 +339,8 @@ def readme_table(result: dict) -> list[str]:  # type: ignore[type-arg]
         "| shape | impl | context | ms/token (median) | p90 | TTFT ms | MB/token | floor ms | % of floor |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["rows"]:
+    order = {shape: i for i, shape in enumerate(SHAPES)}  # rows of later runs join their shape
+    for r in sorted(result["rows"], key=lambda r: order.get(r["shape"], len(order))):
         table.append(
             f"| {r['shape']} | {r['impl']} | {r['context']} | {r['ms_per_token_median']:.3f} | "
             f"{r['ms_per_token_p90']:.3f} | {r['ttft_ms']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | "
