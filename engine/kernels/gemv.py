@@ -96,6 +96,33 @@ def _epilogue(y, y_up, rows, row_ok, B, Y, dtype, HAS_BIAS: tl.constexpr, EPILOG
 
 
 @triton.jit
+def _tile(W, rows, row_ok, cols, ok, N, stride_w, EPILOGUE: tl.constexpr):
+    """W's BLOCK_N x BLOCK_K tile at (rows, cols) where ok, and (GLU) the up half's."""
+    offs = rows[:, None] * stride_w + cols[None, :]
+    mask = row_ok[:, None] & ok[None, :]
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    w_up = w
+    if EPILOGUE == 2:
+        w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+    return w, w_up
+
+
+@triton.jit
+def _accumulate(
+    acc, acc_up, sq, w, w_up, X, NW, cols, col_ok, NORM: tl.constexpr, EPILOGUE: tl.constexpr
+):
+    """acc (and acc_up) += the tile times x[cols]; NORM: x * NW, and sq += x * x."""
+    xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if NORM:
+        sq += xf * xf
+        xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+    acc += w.to(tl.float32) * xf[None, :]
+    if EPILOGUE == 2:
+        acc_up += w_up.to(tl.float32) * xf[None, :]
+    return acc, acc_up, sq
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, B, Y, NW, WS, LOCK,
     N, stride_w, eps,
@@ -132,45 +159,24 @@ def _gemv_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         cols = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
-        offs = rows[:, None] * stride_w + cols[None, :]
-        mask = row_ok[:, None] & (cols < K)[None, :]
-        w = tl.load(W + offs, mask=mask, other=0.0)
-        if EPILOGUE == 2:
-            w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+        w, w_up = _tile(W, rows, row_ok, cols, cols < K, N, stride_w, EPILOGUE)
         tl.extra.cuda.gdc_wait()
         for i in range(0, K_SPLIT, BLOCK_K):
             cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
-            if NORM:
-                sq += xf * xf
-                xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * xf[None, :]
-            if EPILOGUE == 2:
-                acc_up += w_up.to(tl.float32) * xf[None, :]
+            acc, acc_up, sq = _accumulate(
+                acc, acc_up, sq, w, w_up, X, NW, cols, cols < K, NORM, EPILOGUE
+            )
             # The next tile (none past this program's share of K).
             cols = cols + BLOCK_K
-            offs = rows[:, None] * stride_w + cols[None, :]
-            mask = row_ok[:, None] & ((cols < K) & (i + BLOCK_K < K_SPLIT))[None, :]
-            w = tl.load(W + offs, mask=mask, other=0.0)
-            if EPILOGUE == 2:
-                w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
+            ok = (cols < K) & (i + BLOCK_K < K_SPLIT)
+            w, w_up = _tile(W, rows, row_ok, cols, ok, N, stride_w, EPILOGUE)
     else:
         for i in range(0, K_SPLIT, BLOCK_K):
             cols = pid_k * K_SPLIT + i + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            offs = rows[:, None] * stride_w + cols[None, :]
-            mask = row_ok[:, None] & col_ok[None, :]
-            w = tl.load(W + offs, mask=mask, other=0.0)
-            if EPILOGUE == 2:
-                w_up = tl.load(W + N * stride_w + offs, mask=mask, other=0.0)
-            xf = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
-            if NORM:
-                sq += xf * xf
-                xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * xf[None, :]
-            if EPILOGUE == 2:
-                acc_up += w_up.to(tl.float32) * xf[None, :]
+            w, w_up = _tile(W, rows, row_ok, cols, cols < K, N, stride_w, EPILOGUE)
+            acc, acc_up, sq = _accumulate(
+                acc, acc_up, sq, w, w_up, X, NW, cols, cols < K, NORM, EPILOGUE
+            )
     y = tl.sum(acc, axis=1)
     y_up = tl.sum(acc_up, axis=1)
     ss = tl.sum(sq, axis=0)
