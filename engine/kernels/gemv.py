@@ -234,7 +234,9 @@ def split_buffers(
     )
 
 
-_PDL: dict[int, dict[str, bool]] = {}
+# The launch arguments of the PDL constexpr, without and with programmatic dependent launch.
+PDL_ARGS = {False: {"PDL": False}, True: {"PDL": True, "launch_pdl": True}}
+_PDL: dict[int, bool] = {}  # per CUDA device index: whether the Triton GEMV launches with PDL
 
 
 def pdl_launch(device: torch.device) -> dict[str, bool]:
@@ -242,16 +244,15 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     programmatic dependent launch where nib's CUDA kernels use it (cuda/loader.pdl) and
     this Triton launches with it (its `launch_pdl` option); otherwise plain launches."""
     if device.type != "cuda":
-        return {"PDL": False}  # Triton's interpreter (CPU tests) runs no inline PTX
+        return PDL_ARGS[False]  # Triton's interpreter (CPU tests) runs no inline PTX
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PDL:
         from triton.backends.nvidia.compiler import CUDAOptions
 
         from nib.engine.cuda.loader import pdl
 
-        on = pdl(device) and "launch_pdl" in CUDAOptions.__dataclass_fields__
-        _PDL[index] = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-    return _PDL[index]
+        _PDL[index] = pdl(device) and "launch_pdl" in CUDAOptions.__dataclass_fields__
+    return PDL_ARGS[_PDL[index]]
 
 
 def _launch(

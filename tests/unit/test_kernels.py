@@ -131,8 +131,7 @@ def triton_pdl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     if DEVICE.type == "cuda":
         if on and not gemv_module.pdl_launch(DEVICE)["PDL"]:
             pytest.skip("no programmatic dependent launch on this GPU or Triton")
-        launch = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-        monkeypatch.setitem(gemv_module._PDL, torch.cuda.current_device(), launch)
+        monkeypatch.setitem(gemv_module._PDL, torch.cuda.current_device(), on)
     return on
 
 
