@@ -4,6 +4,8 @@
 #   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
+# tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
+# GEMV tests run plain and PDL launches; TESTS_CAP defaults to 540).
 # triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
 # launches).
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
@@ -41,7 +43,7 @@ run() {
 }
 for step in ${*:-tests int4 typing decode}; do
   case $step in
-    tests) TAIL=6 run tests ${TESTS_CAP:-280} python3 -m pytest -p no:cacheprovider -v --tb=short -rs \
+    tests) TAIL=6 run tests ${TESTS_CAP:-540} python3 -m pytest -p no:cacheprovider -v --tb=short -rs \
              $(ls tests/gpu/test_*.py | grep -v "test_int4_kernels\|test_int4_fused_gemv") \
              tests/gpu/test_int4_fused_gemv.py tests/gpu/test_int4_kernels.py tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
