@@ -7,8 +7,8 @@
 Two kinds of prompt: edit-like (the completion repeats code already in the
 context: a second call with the same arguments, a renamed copy of a block)
 and fresh code. For each: greedy tokens per second with speculation off and
-on, and the share of drafted tokens accepted. On a GPU it also times one
-verify graph replay (8 tokens) against one decode step. Random-init shapes
+on, and the share of drafted tokens accepted. On a GPU it also reports what start-up
+measured: one verify graph replay (8 tokens) against one decode step. Random-init shapes
 only say what a verify step costs; acceptance needs the trained model.
 Writes bench/results/<date>-speculative.json (rows merged by device+shape).
 """
@@ -38,7 +38,7 @@ PROMPTS = {
 }
 
 
-def run(engine, text: str, new: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def run(engine, text: str, new: int) -> tuple[float, int, float]:  # type: ignore[no-untyped-def]
     from nib.engine.request import DoneEvent, Event, GenerationParams, Prompt
 
     events: queue.Queue[Event] = queue.Queue()
@@ -47,29 +47,18 @@ def run(engine, text: str, new: int) -> tuple[float, int]:  # type: ignore[no-un
     while not isinstance(ev := events.get(timeout=300), DoneEvent):
         pass
     decode_s = (ev.timings.total_ms - ev.timings.ttft_ms) / 1e3
-    return decode_s, ev.usage.completion_tokens
+    return decode_s, ev.usage.completion_tokens, ev.timings.ttft_ms
 
 
-def verify_cost(engine) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """µs of one verify-8 graph replay and one decode graph replay, back to back."""
+def verify_cost(engine) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """What start-up measured (GraphRunner.measure_step_costs): µs of one decode and one
+    8-token verify graph replay, and every verify length's cost in decode steps, which
+    decides whether drafting pays on this GPU (Speculator.min_gain)."""
     runner = engine.runner
-    out = {}
-    for name in ("decode-greedy-0", "verify-8"):
-        graph = runner.graphs.get(name)
-        if graph is None:
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(runner.stream):
-            runner.pos.fill_(200)
-            start.record()
-            for _ in range(20):
-                graph.replay()
-            end.record()
-        end.synchronize()
-        out[name] = start.elapsed_time(end) * 1e3 / 20
     return {
-        "decode_step_us": out.get("decode-greedy-0", 0.0),
-        "verify8_step_us": out.get("verify-8", 0.0),
+        "decode_step_us": runner.step_us.get(1, 0.0),
+        "verify8_step_us": runner.step_us.get(8, 0.0),
+        "verify_costs": {str(b): round(c, 3) for b, c in runner.verify_costs.items()},
     }
 
 
@@ -104,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, text in PROMPTS.items():
                 run(engine, text, 8)  # warm-up
                 before = dict(engine.speculation_stats)
-                decode_s, tokens = run(engine, text, args.new)
+                decode_s, tokens, ttft_ms = run(engine, text, args.new)
                 drafted = engine.speculation_stats["drafted"] - before["drafted"]
                 accepted = engine.speculation_stats["accepted"] - before["accepted"]
                 row = {
@@ -115,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                     "prompt": kind,
                     "speculative_k": k,
                     "tokens_per_s": tokens / decode_s if decode_s > 0 else 0.0,
+                    # Decode time per token after the first (verify steps hand over bursts,
+                    # so this, not the median gap, is what drafts buy).
+                    "ms_per_token": decode_s * 1e3 / max(tokens - 1, 1),
+                    "ttft_ms": ttft_ms,
                     "completion_tokens": tokens,
                     "acceptance": accepted / drafted if drafted else None,
                     "verifies": engine.speculation_stats["verifies"] - before["verifies"],

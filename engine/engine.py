@@ -508,7 +508,7 @@ class Engine:
             )
             runner.set_sampling(params, seed)
         if params.greedy and self.config.speculative_k > 0:
-            spec = Speculator(self.config.speculative_k)
+            spec = Speculator(self.config.speculative_k, costs=runner.verify_costs)
             tokens = runner.generate_speculative(prompt, budget, start, spec)
         else:
             spec = None  # sampling on the GPU decodes without drafts (see speculative.py)

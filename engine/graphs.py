@@ -40,7 +40,7 @@ from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.model import Transformer
 from nib.engine.ops import fresh_prefill_attention
 from nib.engine.request import GenerationParams
-from nib.engine.speculative import Speculator, accept_greedy
+from nib.engine.speculative import Speculator, interleave
 
 log = logging.getLogger("nib.engine")
 
@@ -87,6 +87,10 @@ class GraphRunner:
         self.max_context = max_context
         # What start-up's step tuning measured and chose (engine/step_tuning.py), if it ran.
         self.step_tuning: dict[str, object] | None = None
+        # Start-up's timing of a verify step in decode steps, and each step in µs
+        # (measure_step_costs); empty until measured.
+        self.verify_costs: dict[int, float] = {}
+        self.step_us: dict[int, float] = {}
         self.use_graphs = use_graphs
         self.buckets = buckets or bucket_ladder(max_context)
         biggest = self.buckets[-1]
@@ -269,6 +273,40 @@ class GraphRunner:
                 torch.cuda.synchronize()
             state.capture_ms = (time.perf_counter() - started) * 1e3
 
+    def measure_step_costs(self, reps: int = 10) -> dict[int, float]:
+        """Time each verify step against a greedy decode step, launched as a request
+        launches them (a verify with its input copies), back to back on our stream
+        (CUDA events, median of three rounds), and keep the ratios as `verify_costs`
+        {tokens: decode steps}, what Speculator.costs reads. Empty without graphs:
+        verify steps then count as one decode step each."""
+        names = [self._decode_name(p, True) for p in (0, 1)]
+        names += [f"verify-{b}" for b in self.verify_buckets]
+        if not all(name in self.graphs for name in names):
+            return {}
+        steps: dict[int, Callable[[int], object]] = {1: lambda i: self.decode(i % 2, True)}
+        for b in self.verify_buckets:
+            steps[b] = partial(lambda b, i: self.launch_verify(list(range(1, b + 1)), 8), b)
+        us: dict[int, float] = {}
+        for tokens, step in steps.items():
+            rounds = []
+            for _ in range(3):
+                self._load_dummy_prompt()
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                step(0)  # warm
+                start.record(self.stream)
+                for i in range(reps):
+                    step(i)
+                end.record(self.stream)
+                end.synchronize()
+                rounds.append(start.elapsed_time(end) * 1e3 / reps)
+            us[tokens] = sorted(rounds)[1]
+        self.step_us = us
+        self.verify_costs = {b: us[b] / us[1] for b in self.verify_buckets}
+        return self.verify_costs
+
     def _load_dummy_prompt(self) -> None:
         self.meta.copy_(torch.tensor([12, 3, 8]))
         self.pos.fill_(8)
@@ -372,37 +410,16 @@ class GraphRunner:
         self, prompt_ids: list[int], budget: int, start: int, spec: Speculator
     ) -> Iterator[tuple[int, float]]:
         """Greedy decoding with prompt-lookup drafts verified in one graph replay; the
-        same tokens as generate(). Falls back to the pipelined loop once the drafts stop
-        paying (spec.enabled turns False)."""
-        self.prefill(prompt_ids, True, start).synchronize()
-        token, logprob = self.read(PREFILL_SLOT)
-        yield token, logprob
-        history, produced, pos = [*prompt_ids, token], 1, len(prompt_ids)
-        while produced < budget:
-            draft = spec.draft(history, budget - produced)
-            draft = draft[: max(self.verify_buckets, default=1) - 1]
-            if not draft:
-                if not spec.enabled:
-                    yield from self._pipeline([], budget - produced, True)
-                    return
-                self.decode(0, True).synchronize()
-                token, logprob = self.read(0)
-                produced, pos = produced + 1, pos + 1
-                history.append(token)
-                yield token, logprob
-                continue
-            bucket = next(b for b in self.verify_buckets if b > len(draft))
-            rows, row_logprobs = self._verify([token, *draft], pos, bucket)
-            accepted = accept_greedy(torch.tensor(rows), draft)
-            spec.record(len(draft), len(accepted) - 1)
-            token, pos = accepted[-1], pos + len(accepted)
-            self._set_state(token, pos)
-            for i, t in enumerate(accepted[: budget - produced]):
-                produced += 1
-                history.append(t)
-                yield t, row_logprobs[i]
+        same tokens as generate(), with the next step launched before the host hands
+        over a token here too (speculative.interleave)."""
+        first = (self.prefill(prompt_ids, True, start), PREFILL_SLOT)
+        max_draft = max(self.verify_buckets, default=1) - 1
+        yield from interleave(_Steps(self), first, prompt_ids, budget, spec, max_draft)
 
-    def _verify(self, tokens: list[int], pos: int, bucket: int) -> tuple[list[int], list[float]]:
+    def launch_verify(self, tokens: list[int], pos: int) -> torch.cuda.Event:
+        """Score [current token, drafts...] from pos in one verify graph; wait on the
+        event, then read_verify."""
+        bucket = next(b for b in self.verify_buckets if b >= len(tokens))
         staging = self._staging
         staging[0], staging[1], staging[2] = pos + len(tokens), len(tokens) - 1, pos
         staging[3 : 3 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
@@ -412,11 +429,13 @@ class GraphRunner:
             self._run(f"verify-{bucket}")
             event = self.events[PREFILL_SLOT]
             event.record(self.stream)
-        event.synchronize()
-        n = len(tokens)
+        return event
+
+    def read_verify(self, n: int) -> tuple[list[int], list[float]]:
+        """Each of the last verify step's first n positions: its argmax and log-probability."""
         return self.out_rows[:n].tolist(), self.out_row_logprobs[:n].tolist()
 
-    def _set_state(self, token: int, pos: int) -> None:
+    def set_state(self, token: int, pos: int) -> None:
         """The next decode step's input token and its position."""
         self._state_staging[0], self._state_staging[1] = token, pos
         with torch.cuda.stream(self.stream):
@@ -426,3 +445,30 @@ class GraphRunner:
     def read(self, slot: int) -> tuple[int, float]:
         """The token and its log-probability from a slot whose event has completed."""
         return int(self.out_token[slot]), float(self.out_logprob[slot])
+
+
+class _Steps:
+    """A GraphRunner's greedy steps as speculative.interleave drives them: a step is
+    the event to wait on and the pinned slot its token lands in."""
+
+    def __init__(self, runner: GraphRunner) -> None:
+        self.runner, self.parity = runner, 0
+
+    def launch_decode(self) -> tuple[torch.cuda.Event, int]:
+        parity, self.parity = self.parity, self.parity ^ 1
+        return self.runner.decode(parity, True), parity
+
+    def finish_decode(self, step: object) -> tuple[int, float]:
+        event, slot = step  # type: ignore[misc]
+        event.synchronize()  # waits with the GIL released
+        return self.runner.read(slot)
+
+    def launch_verify(self, tokens: list[int], pos: int) -> object:
+        return self.runner.launch_verify(tokens, pos)
+
+    def finish_verify(self, step: object, n: int) -> tuple[list[int], list[float]]:
+        step.synchronize()  # type: ignore[attr-defined]
+        return self.runner.read_verify(n)
+
+    def set_state(self, token: int, pos: int) -> None:
+        self.runner.set_state(token, pos)

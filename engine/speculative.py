@@ -14,7 +14,10 @@ exactly the distribution of plain sampling.
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -36,7 +39,41 @@ def lookup_draft(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int =
     return []
 
 
-def accept_greedy(rows: torch.Tensor, draft: list[int]) -> list[int]:
+class NgramIndex:
+    """lookup_draft's answer for a growing token list in O(k) per call instead of a scan
+    of the whole list: for every n-gram (n <= max_ngram) that has a token after it, the
+    start of its latest occurrence. The list only grows by appending (a shorter or
+    different list starts the index afresh)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._latest: dict[tuple[int, ...], int] = {}
+        self._tokens: list[int] = []
+
+    def _extend(self, tokens: Sequence[int]) -> None:
+        seen = self._tokens
+        if len(tokens) < len(seen) or tokens[: len(seen)] != seen:
+            self._latest.clear()
+            seen.clear()
+        for token in tokens[len(seen) :]:
+            end = len(seen)  # the n-grams ending at end - 1 now have a follower
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._latest[tuple(seen[end - n : end])] = end - n
+            seen.append(token)
+
+    def draft(self, tokens: Sequence[int], k: int) -> list[int]:
+        """The same list as lookup_draft(tokens, k, max_ngram, min_ngram)."""
+        self._extend(tokens)
+        seen, size = self._tokens, len(self._tokens)
+        for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
+            start = self._latest.get(tuple(seen[size - n :]))
+            # The tail's own occurrence has no follower yet, so any hit lies before it.
+            if start is not None:
+                return seen[start + n : start + n + k]
+        return []
+
+
+def accept_greedy(rows: Sequence[int] | torch.Tensor, draft: list[int]) -> list[int]:
     """rows [k+1] argmax tokens of the verify pass -> accepted drafts + one model token."""
     out: list[int] = []
     for i, d in enumerate(draft):
@@ -76,29 +113,117 @@ def accept_sampled(
 
 @dataclass
 class Speculator:
-    """Per-request drafting state: turns itself off when drafts keep missing."""
+    """Per-request drafting state: turns itself off when drafts keep missing, or when
+    verify steps cost more than the tokens they bring.
+
+    `costs` maps a verify step's length (tokens in, the smallest captured length that
+    holds current token + drafts) to its time in decode steps, measured at start-up
+    (GraphRunner.measure_step_costs); a length it lacks costs one decode step."""
 
     k: int
     min_accept_rate: float = 0.3  # accepted drafts per drafted token, over the window
-    window: int = 8  # verify steps the rate is judged over
+    # Tokens per verify step over its cost in decode steps, over the window: below 1 plain
+    # decoding is faster; the margin covers the host's gap before each verify launch,
+    # which the measured costs leave out.
+    min_gain: float = 1.1
+    window: int = 8  # verify steps the rates are judged over
+    costs: dict[int, float] = field(default_factory=dict)
     enabled: bool = True
     drafted: int = 0
     accepted: int = 0
     verifies: int = 0
-    history: list[tuple[int, int]] = field(default_factory=list)
+    history: list[tuple[int, int, float]] = field(default_factory=list)
+    index: NgramIndex = field(default_factory=NgramIndex)
 
     def draft(self, tokens: list[int], budget: int) -> list[int]:
         if not self.enabled or self.k <= 0 or budget < 2:
             return []
-        return lookup_draft(tokens, min(self.k, budget - 1))
+        return self.index.draft(tokens, min(self.k, budget - 1))
+
+    def cost(self, tokens: int) -> float:
+        """A verify step of `tokens` tokens, in decode steps."""
+        fits = [n for n in self.costs if n >= tokens]
+        return self.costs[min(fits)] if fits else 1.0
 
     def record(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
         self.verifies += 1
-        self.history = [*self.history[-(self.window - 1) :], (drafted, accepted)]
+        self.history = [
+            *self.history[-(self.window - 1) :],
+            (drafted, accepted, self.cost(drafted + 1)),
+        ]
         if len(self.history) == self.window:
             d = sum(h[0] for h in self.history)
             a = sum(h[1] for h in self.history)
-            if d and a / d < self.min_accept_rate:
+            gain = (a + len(self.history)) / sum(h[2] for h in self.history)
+            if (d and a / d < self.min_accept_rate) or gain < self.min_gain:
                 self.enabled = False
+
+
+class StepBackend(Protocol):
+    """What interleave() drives: greedy steps launched without waiting, finished later.
+    A decode step reads the current token and position from the device and advances
+    them there; a verify step scores [current token, drafts...] from a position."""
+
+    def launch_decode(self) -> object: ...
+
+    def finish_decode(self, step: object) -> tuple[int, float]: ...
+
+    def launch_verify(self, tokens: list[int], pos: int) -> object: ...
+
+    def finish_verify(self, step: object, n: int) -> tuple[list[int], list[float]]: ...
+
+    def set_state(self, token: int, pos: int) -> None: ...
+
+
+def interleave(
+    backend: StepBackend,
+    first: object,
+    history: list[int],
+    budget: int,
+    spec: Speculator,
+    max_draft: int,
+) -> Iterator[tuple[int, float]]:
+    """Greedy (token, logprob) pairs, up to budget, from plain decode steps and verify
+    steps, with the next step launched before the host hands over the tokens it has.
+
+    `first` is a step in flight that yields the first token after `history` (the
+    prompt) as a decode step would: a prefill. While no draft is in sight, one decode
+    step is queued behind the one the host waits for, and the host only checks the
+    context for a draft while the GPU works. When the context offers one, no further
+    decode is queued; once those in flight are in, the draft (looked up again on the
+    now complete context, at most `max_draft` tokens) is verified in one step, and
+    the step after it is launched before its tokens are handed over. Nothing
+    launched is wasted: every decode's token and every accepted draft is handed
+    over, and the output is that of plain greedy decoding. A caller that stops early
+    leaves at most two steps in flight to finish on the device."""
+    history = list(history)  # the prompt, then each token once it is known on the host
+    ready: list[tuple[int, float]] = []  # known on the host, not yet handed over
+    decodes: collections.deque[object] = collections.deque([first])
+    verify: tuple[object, list[int]] | None = None
+    known = 0  # tokens known on the host (handed over or ready)
+    while True:
+        if verify is None:
+            draft = spec.draft(history, budget - known)[:max_draft]
+            if draft and not decodes:
+                # The newest token sits at len(history) - 1: it and the drafts go in.
+                verify = (backend.launch_verify([history[-1], *draft], len(history) - 1), draft)
+            elif not draft and len(decodes) < 2 and known + len(decodes) < budget:
+                decodes.append(backend.launch_decode())
+        yield from ready
+        if verify is not None:
+            step, draft = verify
+            verify = None
+            rows, logprobs = backend.finish_verify(step, len(draft) + 1)
+            accepted = accept_greedy(rows, draft)
+            spec.record(len(draft), len(accepted) - 1)
+            ready = list(zip(accepted, logprobs, strict=False))
+            # The next decode step feeds the last accepted token, which sits here:
+            backend.set_state(accepted[-1], len(history) - 1 + len(accepted))
+        elif decodes:
+            ready = [backend.finish_decode(decodes.popleft())]
+        else:
+            return
+        known += len(ready)
+        history.extend(t for t, _ in ready)

@@ -94,6 +94,12 @@ def setup_gpu(engine: Engine) -> None:
     engine.graph_pool = graph_pool_usage(
         device, runner.pool, torch.cuda.memory_reserved(device) - reserved
     )
+    if runner.measure_step_costs():  # what a verify step costs: does drafting pay here?
+        log.info(
+            "step costs: decode %.0f us, verify %s decode steps",
+            runner.step_us[1],
+            {b: round(c, 2) for b, c in runner.verify_costs.items()},
+        )
     engine.kernel_paths = gpu_paths(model, runner)
     captured = sum(s.ready for s in runner.states.values())
     log.info(
@@ -167,6 +173,9 @@ def startup_record(engine: Engine) -> dict[str, Any]:
         "graphs_captured": sum(s.ready for s in graphs),
         "graphs_eager": sorted(s.name for s in graphs if not s.ready),
         "graph_pool_bytes": engine.graph_pool.reserved if engine.graph_pool else None,
+        "verify_costs": {str(b): round(c, 3) for b, c in runner.verify_costs.items()}
+        if runner
+        else {},
         "kernel_paths": {
             f"{p.layer} {p.op} rows={p.rows}": p.kernel
             + (f" [{p.graphs}]" if p.graphs else "")

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
 # GEMV tests run plain and PDL launches; TESTS_CAP defaults to 540).
 # triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
 # launches).
+# pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
@@ -70,6 +71,9 @@ for step in ${*:-tests int4 typing decode}; do
     triton-tests) TAIL=6 run triton-tests ${TRITON_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
                     tests/unit/test_kernels.py --junitxml="$LOGS/triton-tests.xml"
                   grep -E "^(FAILED|ERROR)" "$LOGS/triton-tests.log" | cut -c1-200 | head -20 ;;
+    pick) TAIL=8 run pick ${PICK_CAP:-300} python3 -m pytest -p no:cacheprovider -q -rs $PICK \
+            --junitxml="$LOGS/pick-tests.xml"
+          grep -E "^(FAILED|ERROR)" "$LOGS/pick.log" | cut -c1-200 | head -20 ;;
     int4-tests) TAIL=8 run int4-tests ${INT4_TESTS_CAP:-150} python3 -m pytest -p no:cacheprovider -q -x \
                   tests/gpu/test_int4_fused_gemv.py ;;
     int4) run int4 ${INT4_CAP:-160} python3 bench/int4_linear.py --out bench/results --write-tuned --budget-s "${INT4_BUDGET:-45}" ;;

@@ -50,6 +50,10 @@ def engines(model_dir: Path):
     # Same kernel choices in both (no timing-based tuning), so only the graphs differ.
     graphs = start(model_dir, tune_kernels=False)
     eager = start(model_dir, use_graphs=False, tune_kernels=False)
+    # The same drafting decisions too: they weigh the verify steps' measured cost, which
+    # only graphs can be timed for, and a token a verify step scores (M > 1 products)
+    # may round differently from the one a decode step scores.
+    eager.runner.verify_costs = dict(graphs.runner.verify_costs)
     yield graphs, eager
     graphs.stop()
     eager.stop()
@@ -231,6 +235,31 @@ def test_speculative_decoding_on_the_gpu_gives_the_same_tokens(model_dir: Path) 
             assert a == b
         assert spec.speculation_stats["verifies"] > 0
         assert spec.speculation_stats["accepted"] > 0
+        # Start-up timed every verify graph against a decode step (Speculator.costs).
+        costs = spec.runner.verify_costs
+        assert set(costs) == set(spec.runner.verify_buckets)
+        assert all(0.3 < c < 50 for c in costs.values()), costs
+        # A request cancelled with steps in flight (decodes queued ahead, or a verify)
+        # leaves the next one's tokens as they were.
+        reference, _ = generate(plain, PROMPT * 3, GenerationParams(max_tokens=60))
+        for after in (1, 5, 12):
+            events: queue.Queue[Event] = queue.Queue()
+            got, count = threading.Event(), [0]
+
+            def sink(ev: Event, events=events, count=count, got=got, after=after) -> None:  # type: ignore[no-untyped-def]
+                events.put(ev)
+                count[0] += 1
+                if count[0] == after:
+                    got.set()
+
+            handle = spec.submit(PROMPT * 3, GenerationParams(max_tokens=900), sink, "c")
+            assert got.wait(60)
+            handle.cancel(FinishReason.CANCELLED)
+            while not isinstance(ev := events.get(timeout=60), DoneEvent):
+                pass
+            assert ev.finish_reason is FinishReason.CANCELLED
+            assert ev.usage.completion_tokens <= after + 16
+            assert generate(spec, PROMPT * 3, GenerationParams(max_tokens=60))[0] == reference
         assert not spec.runner.fallbacks
     finally:
         spec.stop()

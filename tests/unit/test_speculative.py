@@ -54,6 +54,20 @@ def test_speculator_turns_off_when_drafts_miss() -> None:
     assert good.enabled
 
 
+def test_speculator_turns_off_when_verify_steps_cost_more_than_they_bring() -> None:
+    """A verify step measured at 2 decode steps must bring more than 2 tokens: one
+    accepted draft a step (33 % of 3 drafted, above the acceptance floor) does not pay
+    there, and does where a verify costs 1.2 decode steps."""
+    dear = Speculator(k=4, window=4, costs={4: 2.0, 8: 2.5})
+    cheap = Speculator(k=4, window=4, costs={4: 1.2, 8: 1.4})
+    for spec in (dear, cheap):
+        for _ in range(4):
+            spec.record(3, 1)
+    assert not dear.enabled and cheap.enabled
+    assert dear.cost(2) == 2.0 and dear.cost(4) == 2.0 and dear.cost(5) == 2.5
+    assert Speculator(k=4).cost(4) == 1.0  # unmeasured (the CPU): one decode step
+
+
 def _run(engine: Engine, text: str, **kw: object) -> tuple[list[int], DoneEvent]:
     events: queue.Queue[Event] = queue.Queue()
     engine.submit(engine.encode_prompt(Prompt(text=text)), GenerationParams(**kw), events.put, "s")  # type: ignore[arg-type]
