@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -89,6 +89,7 @@ for step in ${*:-tests int4 typing decode}; do
                    tests/gpu/test_int4_kernels.py::test_split_k_counters_reset_between_calls \
                    tests/gpu/test_int4_kernels.py::test_every_candidate_config_matches_reference ;;
     speculative) run speculative 120 python3 bench/speculative.py --device cuda ;;
+    speculative-1.5b) run speculative-1.5b 150 python3 bench/speculative.py --device cuda --shape qwen2.5-coder-1.5b ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;
     stability) run stability 300 python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b ;;
     ops) TAIL=40 run ops 300 python3 -m pytest -p no:cacheprovider -q -rs -s \
