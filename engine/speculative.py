@@ -113,8 +113,11 @@ def accept_sampled(
 
 @dataclass
 class Speculator:
-    """Per-request drafting state: turns itself off when drafts keep missing, or when
-    verify steps cost more than the tokens they bring.
+    """Per-request drafting state. A draft is verified only when it is expected to pay:
+    1 + (share of drafted tokens accepted so far) x (its length) tokens, against
+    min_gain x what its verify step costs in decode steps. Drafting turns itself off
+    when drafts keep missing, or when the verify steps of the last window brought fewer
+    tokens than their cost.
 
     `costs` maps a verify step's length (tokens in, the smallest captured length that
     holds current token + drafts) to its time in decode steps, measured at start-up
@@ -122,12 +125,15 @@ class Speculator:
 
     k: int
     min_accept_rate: float = 0.3  # accepted drafts per drafted token, over the window
-    # Tokens per verify step over its cost in decode steps, over the window: below 1 plain
-    # decoding is faster; the margin covers the host's gap before each verify launch,
-    # which the measured costs leave out.
+    # Tokens per verify step over its cost in decode steps: below 1 plain decoding is
+    # faster; the margin covers the host's gap before each verify launch, which the
+    # measured costs leave out.
     min_gain: float = 1.1
     window: int = 8  # verify steps the rates are judged over
     costs: dict[int, float] = field(default_factory=dict)
+    # Before a request's first verify, its acceptance counts as this many drafted tokens
+    # of which half were accepted.
+    prior_drafted: int = 4
     enabled: bool = True
     drafted: int = 0
     accepted: int = 0
@@ -135,10 +141,22 @@ class Speculator:
     history: list[tuple[int, int, float]] = field(default_factory=list)
     index: NgramIndex = field(default_factory=NgramIndex)
 
-    def draft(self, tokens: list[int], budget: int) -> list[int]:
+    def draft(self, tokens: list[int], budget: int, limit: int | None = None) -> list[int]:
+        """Drafts for what follows `tokens`: at most k, `limit` and budget - 1 of them,
+        and none unless verifying them is expected to pay."""
         if not self.enabled or self.k <= 0 or budget < 2:
             return []
-        return self.index.draft(tokens, min(self.k, budget - 1))
+        n = min(self.k, budget - 1, self.k if limit is None else limit)
+        draft = self.index.draft(tokens, n) if n > 0 else []
+        if draft and not self.pays(len(draft)):
+            return []
+        return draft
+
+    def pays(self, drafts: int) -> bool:
+        """Whether a verify step of `drafts` drafts is expected to bring min_gain tokens
+        per decode step of its measured cost."""
+        share = (self.accepted + self.prior_drafted / 2) / (self.drafted + self.prior_drafted)
+        return 1 + share * drafts >= self.min_gain * self.cost(drafts + 1)
 
     def cost(self, tokens: int) -> float:
         """A verify step of `tokens` tokens, in decode steps."""
@@ -205,7 +223,7 @@ def interleave(
     known = 0  # tokens known on the host (handed over or ready)
     while True:
         if verify is None:
-            draft = spec.draft(history, budget - known)[:max_draft]
+            draft = spec.draft(history, budget - known, max_draft)
             if draft and not decodes:
                 # The newest token sits at len(history) - 1: it and the drafts go in.
                 verify = (backend.launch_verify([history[-1], *draft], len(history) - 1), draft)

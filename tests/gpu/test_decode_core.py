@@ -228,6 +228,12 @@ def test_speculative_decoding_on_the_gpu_gives_the_same_tokens(model_dir: Path) 
     plain = start(
         model_dir, dtype="float32", tune_kernels=False, speculative_k=0, prefix_cache_entries=0
     )
+    # Start-up timed every verify graph against a decode step (Speculator.costs)...
+    costs = spec.runner.verify_costs
+    assert set(costs) == set(spec.runner.verify_buckets)
+    assert all(0.3 < c < 50 for c in costs.values()), costs
+    # ...which can rule drafts out on this small model; this test wants them verified.
+    spec.runner.verify_costs = {}
     try:
         for prompt in (PROMPT * 3, list(b"value = table[key]\nvalue = table[")):
             a, _ = generate(spec, prompt, GenerationParams(max_tokens=80))
@@ -235,10 +241,6 @@ def test_speculative_decoding_on_the_gpu_gives_the_same_tokens(model_dir: Path) 
             assert a == b
         assert spec.speculation_stats["verifies"] > 0
         assert spec.speculation_stats["accepted"] > 0
-        # Start-up timed every verify graph against a decode step (Speculator.costs).
-        costs = spec.runner.verify_costs
-        assert set(costs) == set(spec.runner.verify_buckets)
-        assert all(0.3 < c < 50 for c in costs.values()), costs
         # A request cancelled with steps in flight (decodes queued ahead, or a verify)
         # leaves the next one's tokens as they were.
         reference, _ = generate(plain, PROMPT * 3, GenerationParams(max_tokens=60))

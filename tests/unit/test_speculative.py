@@ -68,6 +68,20 @@ def test_speculator_turns_off_when_verify_steps_cost_more_than_they_bring() -> N
     assert Speculator(k=4).cost(4) == 1.0  # unmeasured (the CPU): one decode step
 
 
+def test_a_draft_is_verified_only_where_it_is_expected_to_pay() -> None:
+    """At 2 decode steps a verify, half the drafts accepted (the prior) make a 3-token
+    draft worth 2.5 tokens and a 2-token one 2.0, under the 1.1 x 2 it must bring; once
+    this request's drafts are mostly accepted, the 2-token draft pays too."""
+    context = [7, 1, 2, 3, 9, 5, 1, 2, 3, 8, 1]  # "1" was followed by 2 3 9 / 2 3 8
+    spec = Speculator(k=6, costs={4: 2.0, 8: 2.0})
+    assert spec.draft(context, 10, limit=3) == [2, 3, 8]
+    assert spec.draft(context, 10, limit=2) == []  # [2, 3] would not pay for itself
+    assert spec.draft(context, 3) == []  # the budget leaves room for two drafts only
+    spec.record(6, 6)
+    assert spec.draft(context, 10, limit=2) == [2, 3]
+    assert Speculator(k=6).draft(context, 10, limit=1) == [2]  # unmeasured: 1 step
+
+
 def _run(engine: Engine, text: str, **kw: object) -> tuple[list[int], DoneEvent]:
     events: queue.Queue[Event] = queue.Queue()
     engine.submit(engine.encode_prompt(Prompt(text=text)), GenerationParams(**kw), events.put, "s")  # type: ignore[arg-type]
