@@ -42,8 +42,8 @@ def lookup_draft(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int =
 class NgramIndex:
     """lookup_draft's answer for a growing token list in O(k) per call instead of a scan
     of the whole list: for every n-gram (n <= max_ngram) that has a token after it, the
-    start of its latest occurrence. The list only grows by appending (a shorter or
-    different list starts the index afresh)."""
+    start of its latest occurrence. The list only grows by appending; a shorter one, or
+    one whose token at the last indexed place differs, starts the index afresh."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -52,7 +52,7 @@ class NgramIndex:
 
     def _extend(self, tokens: Sequence[int]) -> None:
         seen = self._tokens
-        if len(tokens) < len(seen) or tokens[: len(seen)] != seen:
+        if seen and (len(tokens) < len(seen) or tokens[len(seen) - 1] != seen[-1]):
             self._latest.clear()
             seen.clear()
         for token in tokens[len(seen) :]:
@@ -146,11 +146,12 @@ class Speculator:
         and none unless verifying them is expected to pay."""
         if not self.enabled or self.k <= 0 or budget < 2:
             return []
-        n = min(self.k, budget - 1, self.k if limit is None else limit)
-        draft = self.index.draft(tokens, n) if n > 0 else []
-        if draft and not self.pays(len(draft)):
+        longest = self.k if limit is None else min(self.k, limit)
+        if not self.pays(longest):  # not even the longest draft would: stop looking
+            self.enabled = False
             return []
-        return draft
+        draft = self.index.draft(tokens, min(longest, budget - 1))
+        return draft if draft and self.pays(len(draft)) else []
 
     def pays(self, drafts: int) -> bool:
         """Whether a verify step of `drafts` drafts is expected to bring min_gain tokens
@@ -212,7 +213,8 @@ def interleave(
     context for a draft while the GPU works. When the context offers one, no further
     decode is queued; once those in flight are in, the draft (looked up again on the
     now complete context, at most `max_draft` tokens) is verified in one step, and
-    the step after it is launched before its tokens are handed over. Nothing
+    the step after it is launched before its tokens are handed over (all but the
+    request's first token, which goes out as soon as it is known). Nothing
     launched is wasted: every decode's token and every accepted draft is handed
     over, and the output is that of plain greedy decoding. A caller that stops early
     leaves at most two steps in flight to finish on the device."""
@@ -222,6 +224,11 @@ def interleave(
     verify: tuple[object, list[int]] | None = None
     known = 0  # tokens known on the host (handed over or ready)
     while True:
+        if ready and known == len(ready):
+            # The request's first token: to the caller before anything else (time to
+            # first token); a decode step queued with the prefill covers the GPU meanwhile.
+            yield from ready
+            ready = []
         if verify is None:
             draft = spec.draft(history, budget - known, max_draft)
             if draft and not decodes:

@@ -73,13 +73,21 @@ def test_a_draft_is_verified_only_where_it_is_expected_to_pay() -> None:
     draft worth 2.5 tokens and a 2-token one 2.0, under the 1.1 x 2 it must bring; once
     this request's drafts are mostly accepted, the 2-token draft pays too."""
     context = [7, 1, 2, 3, 9, 5, 1, 2, 3, 8, 1]  # "1" was followed by 2 3 9 / 2 3 8
-    spec = Speculator(k=6, costs={4: 2.0, 8: 2.0})
-    assert spec.draft(context, 10, limit=3) == [2, 3, 8]
-    assert spec.draft(context, 10, limit=2) == []  # [2, 3] would not pay for itself
+    costs = {4: 2.0, 8: 2.0}
+    spec = Speculator(k=6, costs=costs)
+    assert spec.draft(context, 10) == [2, 3, 8, 1]
     assert spec.draft(context, 3) == []  # the budget leaves room for two drafts only
+    assert spec.enabled
     spec.record(6, 6)
-    assert spec.draft(context, 10, limit=2) == [2, 3]
+    assert spec.draft(context, 3) == [2, 3]
     assert Speculator(k=6).draft(context, 10, limit=1) == [2]  # unmeasured: 1 step
+    # Where not even the longest draft could pay, the request stops looking.
+    short = Speculator(k=6, costs=costs)
+    assert short.draft(context, 10, limit=2) == [] and not short.enabled
+    missed = Speculator(k=6, costs=costs)
+    missed.record(6, 0)
+    missed.record(6, 0)  # a share of 2/16: 1 + 0.125 x 6 < 1.1 x 2
+    assert missed.draft(context, 10) == [] and not missed.enabled
 
 
 def _run(engine: Engine, text: str, **kw: object) -> tuple[list[int], DoneEvent]:
