@@ -80,7 +80,10 @@ class EngineConfig:
     prefix_cache_bytes: int = 2 << 30  # budget for stashed copies of those sequences
     tune_kernels: bool = True  # time GEMV tile shapes per layer shape at start-up (GPU)
     quant: str = "auto"  # auto (as the checkpoint is) | none | int4 (see loader.load_model)
-    speculative_k: int = 6  # prompt-lookup draft tokens per verify step (0: off)
+    # Prompt-lookup draft tokens per verify step (0: off). None: 6 on the CPU, 0 on a GPU,
+    # where a verify step costs 1.3-3.6 decode steps and drafting lost in every H200 run
+    # (README, "Prompt-lookup speculative decoding").
+    speculative_k: int | None = None
     token_healing: bool = True  # re-choose the prompt's last token (see healing.py)
     # On a GPU below the kernels' compute capability, run the PyTorch reference path
     # instead of refusing to start (see engine/versions.py).
@@ -142,6 +145,11 @@ class Engine:
         if self.model_config.sliding_window:
             self.max_context = min(self.max_context, self.model_config.sliding_window)
         self.device = torch.device(config.device)
+        self.speculative_k = (
+            config.speculative_k
+            if config.speculative_k is not None
+            else (6 if self.device.type == "cpu" else 0)
+        )
         self.dtype = config.torch_dtype
         self.healer = (
             TokenHealer(self.tokenizer, self.model_config.vocab_size, self.tokenizer.special_ids())
@@ -451,7 +459,7 @@ class Engine:
         assert self.model is not None
         model, n, params = self.model, len(prompt), job.params
         sampler = Sampler(params, self.device)
-        spec = Speculator(self.config.speculative_k)
+        spec = Speculator(self.speculative_k)
         ids = torch.tensor([prompt[start:]], dtype=torch.long, device=self.device)
         logits = model(ids, torch.arange(start, n, device=self.device), n, last_only=True)
         row = logits[0, -1].float()
@@ -507,8 +515,8 @@ class Engine:
                 params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
             )
             runner.set_sampling(params, seed)
-        if params.greedy and self.config.speculative_k > 0:
-            spec = Speculator(self.config.speculative_k, costs=runner.verify_costs)
+        if params.greedy and self.speculative_k > 0:
+            spec = Speculator(self.speculative_k, costs=runner.verify_costs)
             tokens = runner.generate_speculative(prompt, budget, start, spec)
         else:
             spec = None  # sampling on the GPU decodes without drafts (see speculative.py)

@@ -40,7 +40,7 @@ from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.model import Transformer
 from nib.engine.ops import fresh_prefill_attention
 from nib.engine.request import GenerationParams
-from nib.engine.speculative import Speculator, interleave
+from nib.engine.speculative import MAX_DRAFT, Speculator, interleave
 
 log = logging.getLogger("nib.engine")
 
@@ -48,7 +48,7 @@ PREFILL_SLOT = 2
 
 
 CHUNK_BUCKETS = (4, 8, 16, 32, 64, 128)
-VERIFY_BUCKETS = (4, 8)  # 1 current token + up to 7 drafted ones
+VERIFY_BUCKETS = (4, MAX_DRAFT + 1)  # 1 current token + up to MAX_DRAFT drafted ones
 
 
 def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:

@@ -24,6 +24,10 @@ import torch
 from nib.engine.request import GenerationParams
 from nib.engine.sampling import filter_logits
 
+# Drafts a verify step holds: the GPU's verify graphs take the current token and up to 7
+# more (graphs.VERIFY_BUCKETS); `nib serve --speculative-k` is held to it on every device.
+MAX_DRAFT = 7
+
 
 def lookup_draft(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the last

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import structlog
 
+from nib.engine.speculative import MAX_DRAFT
 from nib.service.auth import ApiKeys, KeyFileError
 from nib.service.faults import ENV_VAR, FaultPlan
 from nib.service.logs import FORMATS, configure_logging
@@ -38,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=64, help="max_tokens when unset")
     p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait")
+    p.add_argument(
+        "--speculative-k",
+        type=int,
+        help="prompt-lookup draft tokens per verify step for greedy requests, 0 to 7; "
+        "0 turns drafting off (default: 6 on the CPU, 0 on a GPU, where verify steps "
+        "cost more; drafts are verified only where start-up's timing says they pay)",
+    )
     p.add_argument(
         "--max-message-bytes",
         type=int,
@@ -106,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if value < low:
             parser.error(f"{flag} is {value}; must be at least {low}")
+    if args.speculative_k is not None and not 0 <= args.speculative_k <= MAX_DRAFT:
+        parser.error(
+            f"--speculative-k is {args.speculative_k}; must be 0 to {MAX_DRAFT} "
+            f"(a verify step holds the current token and {MAX_DRAFT} drafts)"
+        )
     if not math.isfinite(args.telemetry_interval):
         parser.error(f"--telemetry-interval is {args.telemetry_interval}; must be a number")
     if not 0 < args.fragmentation_threshold <= 1:
@@ -140,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_tokens_limit=args.max_tokens_limit,
         default_max_tokens=args.default_max_tokens,
         max_queue=args.max_queue,
+        speculative_k=args.speculative_k,
         quant=args.quant,
         allow_reference_fallback=args.allow_reference_fallback,
     )

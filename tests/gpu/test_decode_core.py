@@ -50,9 +50,10 @@ def engines(model_dir: Path):
     # Same kernel choices in both (no timing-based tuning), so only the graphs differ.
     graphs = start(model_dir, tune_kernels=False)
     eager = start(model_dir, use_graphs=False, tune_kernels=False)
-    # The same drafting decisions too: they weigh the verify steps' measured cost, which
-    # only graphs can be timed for, and a token a verify step scores (M > 1 products)
-    # may round differently from the one a decode step scores.
+    # The same drafting decisions too, should drafting be on (by default it is off on a
+    # GPU): they weigh the verify steps' measured cost, which only graphs can be timed
+    # for, and a token a verify step scores (M > 1 products) may round differently from
+    # the one a decode step scores.
     eager.runner.verify_costs = dict(graphs.runner.verify_costs)
     yield graphs, eager
     graphs.stop()

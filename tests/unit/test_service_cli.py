@@ -39,6 +39,8 @@ def test_bad_key_file_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     ("flag", "value", "message"),
     [
         ("--max-queue", "0", "--max-queue is 0; must be at least 1"),
+        ("--speculative-k", "-1", "--speculative-k is -1; must be 0 to 7"),
+        ("--speculative-k", "8", "--speculative-k is 8; must be 0 to 7"),
         ("--max-message-bytes", "10", "--max-message-bytes is 10; must be at least 1024"),
         ("--grace", "-1", "--grace is -1.0; must be at least 0"),
         ("--telemetry-interval", "-1", "--telemetry-interval is -1.0; must be at least 0"),
@@ -56,3 +58,18 @@ def test_limits_are_checked(
     with pytest.raises(SystemExit):
         main([flag, value])
     assert message in capsys.readouterr().err
+
+
+def test_speculative_k_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nib.service.cli as cli
+
+    seen = []
+
+    async def fake_serve(config) -> None:  # type: ignore[no-untyped-def]
+        seen.append(config.engine.speculative_k)
+
+    monkeypatch.setattr(cli, "serve", fake_serve)
+    assert main(["--device", "cpu", "--speculative-k", "0"]) == 0
+    assert main(["--device", "cpu", "--speculative-k", "7"]) == 0
+    assert main(["--device", "cpu"]) == 0
+    assert seen == [0, 7, None]  # None: the engine's device default
