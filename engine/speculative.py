@@ -209,41 +209,40 @@ def interleave(
     max_draft: int,
 ) -> Iterator[tuple[int, float]]:
     """Greedy (token, logprob) pairs, up to budget, from plain decode steps and verify
-    steps, with the next step launched before the host hands over the tokens it has.
+    steps, the GPU kept busy while the host hands tokens over.
 
     `first` is a step in flight that yields the first token after `history` (the
-    prompt) as a decode step would: a prefill. While no draft is in sight, one decode
-    step is queued behind the one the host waits for, and the host only checks the
-    context for a draft while the GPU works. When the context offers one, no further
-    decode is queued; once those in flight are in, the draft (looked up again on the
-    now complete context, at most `max_draft` tokens) is verified in one step, and
-    the step after it is launched before its tokens are handed over (all but the
-    request's first token, which goes out as soon as it is known). Nothing
-    launched is wasted: every decode's token and every accepted draft is handed
-    over, and the output is that of plain greedy decoding. A caller that stops early
-    leaves at most two steps in flight to finish on the device."""
+    prompt) as a decode step would: a prefill. While no draft is in sight this is the
+    plain pipelined loop: one decode step queued behind the one the host waits for,
+    and a token handed over as soon as its step is waited on, the next step already
+    running. When the context offers a draft, no further decode is queued; once those
+    in flight are in, the draft (looked up again on the now complete context, at most
+    `max_draft` tokens) is verified in one step, and the step after it is launched
+    before the verified tokens are handed over (the request's first token excepted:
+    it goes out as soon as it is known). Nothing launched is wasted: every decode's
+    token and every accepted draft is handed over, and the output is that of plain
+    greedy decoding. A caller that stops after a token leaves at most one step in
+    flight to finish on the device."""
     history = list(history)  # the prompt, then each token once it is known on the host
     ready: list[tuple[int, float]] = []  # known on the host, not yet handed over
     decodes: collections.deque[object] = collections.deque([first])
-    verify: tuple[object, list[int]] | None = None
     known = 0  # tokens known on the host (handed over or ready)
     while True:
-        if ready and known == len(ready):
-            # The request's first token: to the caller before anything else (time to
-            # first token); a decode step queued with the prefill covers the GPU meanwhile.
+        if ready and (decodes or known == len(ready)):
+            # A step still runs (or this is the request's first token): hand over now.
             yield from ready
             ready = []
-        if verify is None:
-            draft = spec.draft(history, budget - known, max_draft)
-            if draft and not decodes:
-                # The newest token sits at len(history) - 1: it and the drafts go in.
-                verify = (backend.launch_verify([history[-1], *draft], len(history) - 1), draft)
-            elif not draft and len(decodes) < 2 and known + len(decodes) < budget:
-                decodes.append(backend.launch_decode())
-        yield from ready
+        verify: tuple[object, list[int]] | None = None
+        draft = spec.draft(history, budget - known, max_draft)
+        if draft and not decodes:
+            # The newest token sits at len(history) - 1: it and the drafts go in.
+            verify = (backend.launch_verify([history[-1], *draft], len(history) - 1), draft)
+        elif not draft and len(decodes) < 2 and known + len(decodes) < budget:
+            decodes.append(backend.launch_decode())
+        yield from ready  # a verify step's tokens, the next step launched
+        ready = []
         if verify is not None:
             step, draft = verify
-            verify = None
             rows, logprobs = backend.finish_verify(step, len(draft) + 1)
             accepted = accept_greedy(rows, draft)
             spec.record(len(draft), len(accepted) - 1)

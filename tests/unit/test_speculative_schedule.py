@@ -151,11 +151,12 @@ def test_interleaved_steps_give_plain_greedy_output(model, prompt, budget, k) ->
 
 @settings(max_examples=200, deadline=None)
 @given(model=MODELS, prompt=PROMPTS, budget=st.integers(2, 40), stop=st.integers(1, 40))
-def test_stopping_early_leaves_at_most_two_steps_in_flight(model, prompt, budget, stop) -> None:  # type: ignore[no-untyped-def]
+def test_stopping_early_leaves_at_most_one_step_in_flight(model, prompt, budget, stop) -> None:  # type: ignore[no-untyped-def]
+    """A cancel between tokens overruns by at most one step (issue 6 allows two)."""
     prompt = [t % model.vocab for t in prompt]
     out, device = run(model, prompt, budget, Speculator(6), stop_after=stop)
     assert out == greedy(model, prompt, budget)[: min(stop, budget)]
-    assert len(device.in_flight) <= 2
+    assert len(device.in_flight) <= 1
 
 
 def test_without_drafts_a_step_is_always_in_flight_while_a_token_is_handed_over() -> None:
@@ -167,9 +168,9 @@ def test_without_drafts_a_step_is_always_in_flight_while_a_token_is_handed_over(
     for token, _ in interleave(device, device.prefill(prompt), prompt, 30, spec, max_draft=7):
         seen.append((token, len(device.in_flight)))
     assert [t for t, _ in seen] == greedy(model, prompt, 30)
-    # The first token goes out with the step queued beside the prefill in flight; two
-    # steps are queued while the next 27 are handed over, then the tail drains.
-    assert [n for _, n in seen] == [1] + [2] * 27 + [1, 0]
+    # Every token goes out with the next step running, as the plain pipelined loop has
+    # it, but the last.
+    assert [n for _, n in seen] == [1] * 29 + [0]
     assert "launch verify" not in device.log
 
 
