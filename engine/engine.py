@@ -120,6 +120,8 @@ class ModelInfo:
     graphs: tuple[tuple[str, bool, bool], ...] = ()  # (name, ready, fallback)
     versions: Versions | None = None
     kernel_paths: tuple[KernelPath, ...] = ()  # which kernel runs each layer
+    speculative_k: int = 0  # draft tokens per verify step (0: off)
+    verify_costs: tuple[tuple[int, float], ...] = ()  # (tokens, decode steps), GPU only
 
 
 @dataclass
@@ -242,6 +244,8 @@ class Engine:
             ),
             versions=self.versions,
             kernel_paths=self.kernel_paths,
+            speculative_k=self.speculative_k,
+            verify_costs=tuple(sorted(self.runner.verify_costs.items())) if self.runner else (),
         )
 
     # -- requests ----------------------------------------------------------

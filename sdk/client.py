@@ -33,6 +33,8 @@ def model_info_from_pb(r: pb.GetModelInfoResponse) -> ModelInfo:
         supports_infill=r.supports_infill,
         server_version=r.server_version,
         graphs=tuple((g.name, g.ready, g.fallback) for g in r.graphs),
+        speculative_k=r.speculation.draft_tokens,
+        verify_costs=tuple((c.tokens, c.decode_steps) for c in r.speculation.verify_costs),
     )
 
 

@@ -61,3 +61,7 @@ class ModelInfo:
     supports_infill: bool
     server_version: str
     graphs: tuple[tuple[str, bool, bool], ...] = field(default_factory=tuple)
+    # Prompt-lookup drafting of greedy completions: draft tokens per verify step (0:
+    # off), and what each verify step length costs in decode steps (GPU; measured).
+    speculative_k: int = 0
+    verify_costs: tuple[tuple[int, float], ...] = field(default_factory=tuple)

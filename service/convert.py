@@ -163,6 +163,10 @@ def model_info_to_pb(info: ModelInfo, server_version: str) -> pb.GetModelInfoRes
         server_version=server_version,
         versions=versions_to_pb(info.versions) if info.versions else None,
         kernel_paths=kernel_paths_to_pb(info.kernel_paths),
+        speculation=pb.Speculation(
+            draft_tokens=info.speculative_k,
+            verify_costs=[pb.VerifyCost(tokens=t, decode_steps=c) for t, c in info.verify_costs],
+        ),
     )
 
 

@@ -157,6 +157,7 @@ def test_health_and_info(slow_server: ServerProcess) -> None:
     described = json.loads(info.stdout)
     assert described["architecture"] == "llama" and described["max_tokens_limit"] == 1024
     assert described["supports_infill"] is True
+    assert described["speculative_k"] == 6 and described["verify_costs"] == []
 
 
 def test_unreachable_server_is_reported() -> None:

@@ -97,6 +97,8 @@ def test_model_info_and_health(fast_server: ServerProcess) -> None:
     assert info["context_length"] == 512 and info["device"] == "cpu"
     assert info["quantization"] == "none" and info["supports_infill"] is True
     assert info["max_tokens_limit"] == 1024 and info["server_version"]
+    # Drafting is on by default on the CPU, with no measured verify costs there.
+    assert info["speculation"] == {"draft_tokens": 6}
     for service in ("", SERVICE):
         health = grpcurl(
             "-plaintext",

@@ -175,7 +175,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "architecture", "context_length", "vocab_size", "device", "dtype", "quantization", "max_tokens_limit", "supports_infill", "graphs", "server_version", "versions", "kernel_paths")
+    __slots__ = ("model", "architecture", "context_length", "vocab_size", "device", "dtype", "quantization", "max_tokens_limit", "supports_infill", "graphs", "server_version", "versions", "kernel_paths", "speculation")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class GetModelInfoResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_PATHS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     context_length: int
@@ -202,7 +203,24 @@ class GetModelInfoResponse(_message.Message):
     server_version: str
     versions: Versions
     kernel_paths: _containers.RepeatedCompositeFieldContainer[KernelPath]
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., max_tokens_limit: _Optional[int] = ..., supports_infill: _Optional[bool] = ..., graphs: _Optional[_Iterable[_Union[GraphInfo, _Mapping]]] = ..., server_version: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., kernel_paths: _Optional[_Iterable[_Union[KernelPath, _Mapping]]] = ...) -> None: ...
+    speculation: Speculation
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., max_tokens_limit: _Optional[int] = ..., supports_infill: _Optional[bool] = ..., graphs: _Optional[_Iterable[_Union[GraphInfo, _Mapping]]] = ..., server_version: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., kernel_paths: _Optional[_Iterable[_Union[KernelPath, _Mapping]]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ...) -> None: ...
+
+class Speculation(_message.Message):
+    __slots__ = ("draft_tokens", "verify_costs")
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COSTS_FIELD_NUMBER: _ClassVar[int]
+    draft_tokens: int
+    verify_costs: _containers.RepeatedCompositeFieldContainer[VerifyCost]
+    def __init__(self, draft_tokens: _Optional[int] = ..., verify_costs: _Optional[_Iterable[_Union[VerifyCost, _Mapping]]] = ...) -> None: ...
+
+class VerifyCost(_message.Message):
+    __slots__ = ("tokens", "decode_steps")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    decode_steps: float
+    def __init__(self, tokens: _Optional[int] = ..., decode_steps: _Optional[float] = ...) -> None: ...
 
 class GraphInfo(_message.Message):
     __slots__ = ("name", "ready", "fallback", "capture_ms", "error", "eager_runs")
