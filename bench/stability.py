@@ -4,8 +4,9 @@
     python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b  # 10,000 steps, 1,000 requests
     python3 bench/stability.py --device cpu --steps 64 --requests 20     # a quick look
 
-One engine, configured as the server runs it (CUDA graphs, prefix reuse,
-speculation), in this order:
+One engine, configured as the server runs it (CUDA graphs, prefix reuse, and
+prompt-lookup drafting where the server drafts by default, on the CPU; on a GPU
+`--speculative-k 6` puts the drafting loop under the same storm), in this order:
 
 1. warm-up: a short burst of mixed requests, so every path has run once;
 2. check: a greedy and a fixed-seed sampled request; then memory is read;
@@ -447,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=16, help="requests before memory is read")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--speculative-k", type=int, default=None, help="draft tokens (default: the server's)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     command = "python3 bench/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -467,11 +471,13 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             max_context=max(2048, args.steps + 64),  # the engine caps it at the model's
             max_tokens_limit=max(1024, args.steps),
+            speculative_k=args.speculative_k,
         )
         engine = Engine(config).start()
         try:
             assert engine.wait_ready(900), engine.failure
             row = stability(engine, args.steps, args.requests, args.seed, args.max_new, args.warmup)
+            row["speculative_k"] = engine.speculative_k
         finally:
             engine.stop()
     if cuda:
