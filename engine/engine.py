@@ -53,7 +53,7 @@ from nib.engine.selfcheck import SelfCheckReport, SelfCheckStatus
 from nib.engine.speculative import Speculator, accept_greedy, accept_sampled
 from nib.engine.startup import startup_record
 from nib.engine.stats import EngineStats
-from nib.engine.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer
+from nib.engine.tokenizer import IncrementalDetokenizer, SessionTokens, StopMatcher, Tokenizer
 from nib.engine.versions import Versions, collect_versions
 
 if TYPE_CHECKING:
@@ -143,6 +143,9 @@ class Engine:
         self.stats = EngineStats()
         self.model_config = ModelConfig.from_dir(config.model_dir)
         self.tokenizer = Tokenizer(config.model_dir, self.model_config.eos_token_ids)
+        # Prompts of an editing session share most of their text: only what changed since
+        # the session's last prompt is tokenised again (time to first token).
+        self.session_tokens = SessionTokens(self.tokenizer)
         self.max_context = min(config.max_context, self.model_config.max_position_embeddings)
         if self.model_config.sliding_window:
             self.max_context = min(self.max_context, self.model_config.sliding_window)
@@ -250,18 +253,24 @@ class Engine:
 
     # -- requests ----------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids of the prompt; InvalidRequest if it is empty or too long."""
+    def encode_prompt(self, prompt: Prompt, session: str = "") -> list[int]:
+        """Token ids of the prompt; InvalidRequest if it is empty or too long. With a
+        session id, the parts it shares with that session's last prompt are not
+        tokenised again (SessionTokens): the same ids, sooner."""
+
+        def encode(text: str) -> list[int]:
+            return self.session_tokens.encode(text, session)
+
         if prompt.is_infill:
             if self.tokenizer.fim is None:
                 raise InvalidRequest("infill", "this model has no fill-in-the-middle tokens")
-            ids = self.tokenizer.encode_infill(prompt.prefix, prompt.suffix, prompt.path)
+            ids = self.tokenizer.encode_infill(prompt.prefix, prompt.suffix, prompt.path, encode)
             field_name = "infill"
         else:
             assert prompt.text is not None
             if not prompt.text:
                 raise InvalidRequest("prompt", "must not be empty")
-            ids = self.tokenizer.encode(prompt.text)
+            ids = encode(prompt.text)
             field_name = "prompt"
         if len(ids) >= self.max_context:
             raise InvalidRequest(

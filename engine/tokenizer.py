@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -20,6 +26,8 @@ class Tokenizer:
         # The offset-free encode (tokenizers >= 0.21): ~25% less time on the time to first
         # token; tests/unit/test_tokenizer.py checks its ids are encode()'s.
         self._encode_fast = getattr(self._tok, "encode_batch_fast", None)
+        self._token_bytes: list[int] | None = None  # token_bytes(), built on first use
+        self.added_texts: tuple[bytes, ...] = ()  # added tokens' text, set with it
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         eos = set(eos_token_ids)
         config = file.parent / "tokenizer_config.json"
@@ -44,6 +52,13 @@ class Tokenizer:
             if end is not None:  # the family ends an infill with its own token
                 self.eos_token_ids = frozenset({*self.eos_token_ids, end})
 
+    def token_bytes(self) -> list[int] | None:
+        """UTF-8 bytes each id stands for, where ids are byte-level BPE pieces (their
+        concatenation is the text's bytes, nothing added or normalised); else None."""
+        if self._token_bytes is None:
+            self._token_bytes, self.added_texts = _byte_lengths(self._tok)
+        return self._token_bytes or None
+
     def special_ids(self) -> set[int]:
         """Ids of the tokenizer's special tokens (end-of-text, FIM markers, ...)."""
         return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
@@ -66,11 +81,210 @@ class Tokenizer:
             raise KeyError(token)
         return int(i)
 
-    def encode_infill(self, prefix: str, suffix: str, path: str = "") -> list[int]:
-        """Prompt ids for generating what goes between prefix and suffix (see fim.py)."""
+    def encode_infill(
+        self,
+        prefix: str,
+        suffix: str,
+        path: str = "",
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> list[int]:
+        """Prompt ids for generating what goes between prefix and suffix (see fim.py);
+        `encode` tokenises each part (default: encode())."""
         if self.fim is None:
             raise ValueError("this model's tokenizer has no fill-in-the-middle tokens")
-        return self.fim.build(self.encode, self._tok.token_to_id, prefix, suffix, path)
+        return self.fim.build(encode or self.encode, self._tok.token_to_id, prefix, suffix, path)
+
+
+# Where a new pre-token begins in every byte-level regex these tokenizers use (GPT-2's,
+# and the Qwen2 / Llama-3 pattern split before a non-regex ByteLevel step), whatever
+# the text before: at a line's first visible ASCII character when the line has no
+# indentation, and at the last space of its indentation when that is spaces only (the
+# space joins the word after it, the newline and the other spaces end a whitespace
+# run, and nothing in the patterns looks back). So the ids of a text are those of its
+# part before such a place followed by those of the rest on its own.
+def _line_start_splits(config: dict[str, object]) -> bool:
+    """Whether the tokenizer's config is one for which the rule above holds."""
+    if config.get("normalizer") is not None:
+        return False
+    pre = config.get("pre_tokenizer")
+    if not isinstance(pre, dict):
+        return False
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or not steps:
+        return False
+    *splits, last = steps
+    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
+        return False
+    if not splits:
+        return bool(last.get("use_regex", True))  # GPT-2's regex inside ByteLevel
+    return (
+        not last.get("use_regex", True)
+        and len(splits) == 1
+        and splits[0].get("type") == "Split"
+        and splits[0].get("behavior") == "Isolated"
+    )
+
+
+def _byte_lengths(tok: HFTokenizer) -> tuple[list[int], tuple[bytes, ...]]:
+    """Bytes per id for a byte-level BPE tokenizer that splits at line starts, and the
+    text of its added tokens; ([], ()) if it is not one."""
+    config = json.loads(tok.to_str())
+    if config.get("model", {}).get("type") != "BPE" or not _line_start_splits(config):
+        return [], ()
+    added = {t["id"]: t["content"] for t in config.get("added_tokens", [])}
+    if any("\n" in text for text in added.values()):
+        return [], ()  # an added token could span the line starts the splits rely on
+    lengths = [0] * tok.get_vocab_size(with_added_tokens=True)
+    for piece, i in tok.get_vocab(with_added_tokens=True).items():
+        # A byte-level piece is one character per byte; added tokens are plain text.
+        lengths[i] = len(added[i].encode()) if i in added else len(piece)
+    return lengths, tuple(sorted({t.encode() for t in added.values() if t}))
+
+
+@dataclass
+class _Tokenised:
+    data: bytes  # the text, UTF-8
+    ids: list[int]
+    ends: list[int]  # byte offset where each id's piece ends
+
+
+class SessionTokens:
+    """Token ids of prompts that share most of their text with an earlier prompt of the
+    same editing session, without tokenising that shared part again.
+
+    An editor sends the file up to the cursor again and again, a few characters longer
+    or edited a few lines up. For a tokenizer where an unindented line start always
+    begins a new pre-token (see _line_start_splits), the ids are the earlier prompt's
+    ids up to the last such line start before the first changed byte, then the rest
+    tokenised on its own: the same ids as tokenising the whole text
+    (tests/unit/test_session_tokens.py holds it to that on random edits). Other
+    tokenizers, texts without a session, and texts sharing less than `min_shared`
+    bytes are tokenised whole. Keeps the last `per_session` texts of the last
+    `sessions` sessions. Thread-safe."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        sessions: int = 64,
+        per_session: int = 3,
+        min_shared: int = 256,
+        max_bytes: int = 64 << 20,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.sessions, self.per_session, self.min_shared = sessions, per_session, min_shared
+        self.max_bytes = max_bytes
+        self._seen: OrderedDict[str, list[_Tokenised]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reused_bytes = 0  # bytes not tokenised again, since start (stats, tests)
+        self.splices = 0
+
+    def encode(self, text: str, session: str = "") -> list[int]:
+        lengths = self.tokenizer.token_bytes() if session else None
+        if lengths is None:
+            return self.tokenizer.encode(text)
+        data = text.encode()
+        with self._lock:
+            earlier = list(self._seen.get(session, ()))
+        best, shared = None, 0
+        for entry in earlier:
+            n = _shared_prefix(entry.data, data)
+            if n > shared:
+                best, shared = entry, n
+        done = None
+        if best is not None and shared >= self.min_shared:
+            done = self._splice(best, data, shared, lengths)
+        if done is None:
+            ids = self.tokenizer.encode(text)
+            if len(data) < self.min_shared:
+                return ids  # too short to be worth keeping
+            done = _Tokenised(data, ids, list(itertools.accumulate(lengths[i] for i in ids)))
+            if done.ends and done.ends[-1] != len(data):  # not byte-level after all: no reuse
+                return ids
+        self._remember(session, done, best)
+        return list(done.ids)
+
+    def _splice(
+        self, earlier: _Tokenised, data: bytes, shared: int, lengths: list[int]
+    ) -> _Tokenised | None:
+        if shared == len(data) == len(earlier.data):
+            return earlier
+        # Added tokens are cut out of the text before the regex runs: one that begins in
+        # the indentation or at the line's first character (in either text) ends the
+        # segment before it there, which changes how the whitespace before it splits.
+        added = [t for t in self.tokenizer.added_texts if t]
+        start = _last_split(
+            data,
+            shared,
+            lambda i, j: not any(
+                text.startswith(t, k) for text in (data, earlier.data) for t in added
+                for k in range(i, j + 1)
+            ),
+        )  # fmt: skip
+        if start is None:
+            return None
+        kept = bisect.bisect_left(earlier.ends, start)
+        if kept >= len(earlier.ends) or earlier.ends[kept] != start:
+            return None  # not a token boundary there: not the tokenizer the rule is for
+        rest = self.tokenizer.encode(data[start:].decode())
+        ends = earlier.ends[: kept + 1]
+        ends += [start + e for e in itertools.accumulate(lengths[i] for i in rest)]
+        if ends[-1] != len(data):
+            return None
+        self.reused_bytes += start
+        self.splices += 1
+        return _Tokenised(data, earlier.ids[: kept + 1] + rest, ends)
+
+    def _remember(self, session: str, done: _Tokenised, replaced: _Tokenised | None) -> None:
+        """Keep `done` as the session's newest text, in place of the one it came from."""
+        with self._lock:
+            entries = [e for e in self._seen.pop(session, []) if e is not replaced]
+            entries = [*entries, done][-self.per_session :]
+            self._seen[session] = entries
+            self._bytes = sum(_size(e) for es in self._seen.values() for e in es)
+            while len(self._seen) > 1 and (
+                len(self._seen) > self.sessions or self._bytes > self.max_bytes
+            ):
+                _, dropped = self._seen.popitem(last=False)
+                self._bytes -= sum(_size(e) for e in dropped)
+
+
+def _size(entry: _Tokenised) -> int:
+    """Bytes an entry holds, roughly: its text and two list slots per id."""
+    return len(entry.data) + 16 * len(entry.ids)
+
+
+def _last_split(
+    data: bytes, shared: int, ok: Callable[[int, int], bool], lines: int = 4096
+) -> int | None:
+    """The last place in data[:shared] where a pre-token begins whatever came before
+    (see above), deciding on bytes inside data[:shared] only, and where ok(place, the
+    line's first visible character) holds; None if there is none near."""
+    cut = data.rfind(b"\n", 0, shared)
+    for _ in range(lines):
+        if cut < 0:
+            return None
+        first = cut + 1
+        while first < shared and data[first] == 0x20:
+            first += 1
+        if first < shared and 0x21 <= data[first] <= 0x7E:  # visible ASCII
+            place = first if first == cut + 1 else first - 1
+            if ok(place, first):
+                return place
+        cut = data.rfind(b"\n", 0, cut)
+    return None
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of a and b (binary search over C compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class IncrementalDetokenizer:

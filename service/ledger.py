@@ -177,10 +177,12 @@ class Ledger:
             if size <= INLINE_TOKENIZE_CHARS:
                 # A typical editor prompt tokenises in ~0.3 ms: cheaper on the loop than
                 # the ~0.3 ms round trip to a tokenizer thread, on the time to first token.
-                ids = self.engine.encode_prompt(prompt)
+                ids = self.engine.encode_prompt(prompt, caller.session)
             else:
                 loop = asyncio.get_running_loop()
-                ids = await loop.run_in_executor(self._tokenizer, self.engine.encode_prompt, prompt)
+                ids = await loop.run_in_executor(
+                    self._tokenizer, self.engine.encode_prompt, prompt, caller.session
+                )
             completion = Completion(self.engine, ids, spec.params, spec.request_id, caller.session)
         except EngineError as exc:
             self.rejected(request_id, caller, status_for(exc), str(exc))
