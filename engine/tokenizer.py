@@ -176,12 +176,16 @@ class SessionTokens:
         self._seen: OrderedDict[str, list[_Tokenised]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.reused_bytes = 0  # bytes not tokenised again, since start (stats, tests)
+        # Since start: prompt bytes handed to the tokenizer, bytes an earlier prompt of the
+        # session spared it, and prompts tokenised by reuse (metrics, tests).
+        self.tokenised_bytes = 0
+        self.reused_bytes = 0
         self.splices = 0
 
     def encode(self, text: str, session: str = "") -> list[int]:
         lengths = self.tokenizer.token_bytes() if session else None
         if lengths is None:
+            self.tokenised_bytes += len(text.encode())
             return self.tokenizer.encode(text)
         data = text.encode()
         with self._lock:
@@ -196,6 +200,7 @@ class SessionTokens:
             done = self._splice(best, data, shared, lengths)
         if done is None:
             ids = self.tokenizer.encode(text)
+            self.tokenised_bytes += len(data)
             if len(data) < self.min_shared:
                 return ids  # too short to be worth keeping
             done = _Tokenised(data, ids, list(itertools.accumulate(lengths[i] for i in ids)))
@@ -208,6 +213,7 @@ class SessionTokens:
         self, earlier: _Tokenised, data: bytes, shared: int, lengths: list[int]
     ) -> _Tokenised | None:
         if shared == len(data) == len(earlier.data):
+            self.reused_bytes += len(data)
             return earlier
         # Added tokens are cut out of the text before the regex runs: one that begins in
         # the indentation or at the line's first character (in either text) ends the
@@ -231,6 +237,7 @@ class SessionTokens:
         ends += [start + e for e in itertools.accumulate(lengths[i] for i in rest)]
         if ends[-1] != len(data):
             return None
+        self.tokenised_bytes += len(data) - start
         self.reused_bytes += start
         self.splices += 1
         return _Tokenised(data, earlier.ids[: kept + 1] + rest, ends)

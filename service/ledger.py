@@ -174,14 +174,17 @@ class Ledger:
             request_id = spec.request_id
             prompt = spec.prompt
             size = len(prompt.text or "") + len(prompt.prefix) + len(prompt.suffix)
+            # Tokenising reuses the session's last prompt (engine SessionTokens), kept per
+            # tenant: a session id alone never reaches another tenant's text.
+            tokens_key = f"{caller.tenant}\x00{caller.session}" if caller.session else ""
             if size <= INLINE_TOKENIZE_CHARS:
                 # A typical editor prompt tokenises in ~0.3 ms: cheaper on the loop than
                 # the ~0.3 ms round trip to a tokenizer thread, on the time to first token.
-                ids = self.engine.encode_prompt(prompt, caller.session)
+                ids = self.engine.encode_prompt(prompt, tokens_key)
             else:
                 loop = asyncio.get_running_loop()
                 ids = await loop.run_in_executor(
-                    self._tokenizer, self.engine.encode_prompt, prompt, caller.session
+                    self._tokenizer, self.engine.encode_prompt, prompt, tokens_key
                 )
             completion = Completion(self.engine, ids, spec.params, spec.request_id, caller.session)
         except EngineError as exc:

@@ -51,6 +51,15 @@ class EngineCollector(Collector):
         tokens.add_metric(["prefill"], engine.stats.prompt_tokens)
         tokens.add_metric(["decode"], engine.stats.generated_tokens)
         yield tokens
+        prompt = CounterMetricFamily(
+            "nib_prompt_bytes",
+            "Prompt bytes tokenised, and bytes that a session's earlier prompt spared "
+            "tokenising again.",
+            labels=["kind"],
+        )
+        prompt.add_metric(["tokenised"], engine.session_tokens.tokenised_bytes)
+        prompt.add_metric(["reused"], engine.session_tokens.reused_bytes)
+        yield prompt
         fallbacks = CounterMetricFamily(
             "nib_graph_fallbacks",
             "Times a CUDA graph failed to capture or replay and the shape ran eagerly.",

@@ -106,6 +106,29 @@ def test_metrics_count_what_happened(fast_server: ServerProcess) -> None:
     assert "request_id" not in text  # bounded labels only
 
 
+def test_a_session_prompt_is_tokenised_from_its_last_change(fast_server: ServerProcess) -> None:
+    """Prompts of one editing session, each a little longer: after the first, the bytes
+    they share with the one before are not tokenised again."""
+    text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(40))
+    before = parse(fast_server.metrics())
+    prompts = [text[:n] for n in (400, 430, 460)]  # within the test model's 512 tokens
+    with grpc.insecure_channel(fast_server.address) as channel:
+        stub = pb_grpc.CompletionServiceStub(channel)
+        for prompt in prompts:
+            request = pb.CompleteRequest(prompt=prompt, max_tokens=1)
+            list(stub.Complete(request, metadata=[("nib-session-id", "edit-1")], timeout=60))
+    after = parse(fast_server.metrics())
+
+    def delta(kind: str) -> float:
+        return total(after, "nib_prompt_bytes_total", kind=kind) - total(
+            before, "nib_prompt_bytes_total", kind=kind
+        )
+
+    assert delta("reused") > 600  # most of the 2nd and 3rd prompts
+    assert delta("tokenised") + delta("reused") >= sum(len(p) for p in prompts)
+    assert delta("tokenised") < 400 + 2 * 100
+
+
 def test_one_log_event_per_request_with_ids_bound(fast_server: ServerProcess) -> None:
     with grpc.insecure_channel(fast_server.address) as channel:
         stub = pb_grpc.CompletionServiceStub(channel)
