@@ -280,6 +280,12 @@ class Engine:
             )
         return ids
 
+    def fresh_prompt_bytes(self, prompt: Prompt, session: str = "") -> int:
+        """About how many bytes encode_prompt(prompt, session) would tokenise now: what
+        the session's last prompts do not spare (the cost of tokenising it)."""
+        parts = [prompt.path, prompt.prefix, prompt.suffix] if prompt.is_infill else [prompt.text]
+        return sum(self.session_tokens.fresh_bytes(p, session) for p in parts if p)
+
     def submit(
         self,
         prompt_ids: list[int],

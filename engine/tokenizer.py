@@ -188,16 +188,20 @@ class SessionTokens:
             self.tokenised_bytes += len(text.encode())
             return self.tokenizer.encode(text)
         data = text.encode()
-        with self._lock:
-            earlier = list(self._seen.get(session, ()))
-        best, shared = None, 0
-        for entry in earlier:
-            n = _shared_prefix(entry.data, data)
-            if n > shared:
-                best, shared = entry, n
+        earlier, start, kept = self._reuse(data, session)
         done = None
-        if best is not None and shared >= self.min_shared:
-            done = self._splice(best, data, shared, lengths)
+        if earlier is not None and start == len(data):
+            done = earlier
+            self.reused_bytes += len(data)
+        elif earlier is not None and start is not None:
+            rest = self.tokenizer.encode(data[start:].decode())
+            ends = earlier.ends[:kept]
+            ends += [start + e for e in itertools.accumulate(lengths[i] for i in rest)]
+            if ends[-1] == len(data):
+                done = _Tokenised(data, earlier.ids[:kept] + rest, ends)
+                self.tokenised_bytes += len(data) - start
+                self.reused_bytes += start
+                self.splices += 1
         if done is None:
             ids = self.tokenizer.encode(text)
             self.tokenised_bytes += len(data)
@@ -206,41 +210,50 @@ class SessionTokens:
             done = _Tokenised(data, ids, list(itertools.accumulate(lengths[i] for i in ids)))
             if done.ends and done.ends[-1] != len(data):  # not byte-level after all: no reuse
                 return ids
-        self._remember(session, done, best)
+        self._remember(session, done, earlier)
         return list(done.ids)
 
-    def _splice(
-        self, earlier: _Tokenised, data: bytes, shared: int, lengths: list[int]
-    ) -> _Tokenised | None:
+    def fresh_bytes(self, text: str, session: str = "") -> int:
+        """Bytes of `text` that encode(text, session) would hand to the tokenizer now."""
+        data = text.encode()
+        _, start, _ = self._reuse(data, session)
+        return len(data) - (start or 0)
+
+    def _reuse(self, data: bytes, session: str) -> tuple[_Tokenised | None, int | None, int]:
+        """(the session's text to build on, the byte to tokenise from, how many of its
+        ids to keep); (None, None, 0) to tokenise the whole text."""
+        if not session or self.tokenizer.token_bytes() is None:
+            return None, None, 0
+        with self._lock:
+            entries = list(self._seen.get(session, ()))
+        earlier, shared = None, 0
+        for entry in entries:
+            n = _shared_prefix(entry.data, data)
+            if n > shared:
+                earlier, shared = entry, n
+        if earlier is None or shared < self.min_shared:
+            return None, None, 0
         if shared == len(data) == len(earlier.data):
-            self.reused_bytes += len(data)
-            return earlier
+            return earlier, len(data), len(earlier.ids)
         # Added tokens are cut out of the text before the regex runs: one that begins in
         # the indentation or at the line's first character (in either text) ends the
         # segment before it there, which changes how the whitespace before it splits.
         added = [t for t in self.tokenizer.added_texts if t]
+        old = earlier.data
         start = _last_split(
             data,
             shared,
             lambda i, j: not any(
-                text.startswith(t, k) for text in (data, earlier.data) for t in added
+                text.startswith(t, k) for text in (data, old) for t in added
                 for k in range(i, j + 1)
             ),
         )  # fmt: skip
         if start is None:
-            return None
+            return None, None, 0
         kept = bisect.bisect_left(earlier.ends, start)
         if kept >= len(earlier.ends) or earlier.ends[kept] != start:
-            return None  # not a token boundary there: not the tokenizer the rule is for
-        rest = self.tokenizer.encode(data[start:].decode())
-        ends = earlier.ends[: kept + 1]
-        ends += [start + e for e in itertools.accumulate(lengths[i] for i in rest)]
-        if ends[-1] != len(data):
-            return None
-        self.tokenised_bytes += len(data) - start
-        self.reused_bytes += start
-        self.splices += 1
-        return _Tokenised(data, earlier.ids[: kept + 1] + rest, ends)
+            return None, None, 0  # not a token boundary: not a tokenizer the rule is for
+        return earlier, start, kept + 1
 
     def _remember(self, session: str, done: _Tokenised, replaced: _Tokenised | None) -> None:
         """Keep `done` as the session's newest text, in place of the one it came from."""

@@ -177,6 +177,8 @@ class Ledger:
             # Tokenising reuses the session's last prompt (engine SessionTokens), kept per
             # tenant: a session id alone never reaches another tenant's text.
             tokens_key = f"{caller.tenant}\x00{caller.session}" if caller.session else ""
+            if size > INLINE_TOKENIZE_CHARS and tokens_key:
+                size = self.engine.fresh_prompt_bytes(prompt, tokens_key)  # what is left
             if size <= INLINE_TOKENIZE_CHARS:
                 # A typical editor prompt tokenises in ~0.3 ms: cheaper on the loop than
                 # the ~0.3 ms round trip to a tokenizer thread, on the time to first token.

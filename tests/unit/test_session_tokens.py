@@ -197,3 +197,22 @@ def test_the_engine_tokenises_a_session_prompt_by_reuse_with_the_same_ids() -> N
         text = Prompt(text=source[:cut])
         assert engine.encode_prompt(text, "ed") == engine.encode_prompt(text)
     assert engine.session_tokens.splices >= 2  # the prefix, at each cut after the first
+
+
+def test_fresh_bytes_says_what_a_prompt_would_cost_to_tokenise() -> None:
+    from nib.engine.engine import Engine, EngineConfig
+    from nib.engine.request import Prompt
+
+    engine = Engine(EngineConfig(model_dir=default_model_dir()))  # not started: no model
+    source = (Path(__file__).parent.parent.parent / "engine" / "prefix_cache.py").read_text()
+    first, longer = Prompt(text=source[:3000]), Prompt(text=source[:3040])
+    assert engine.fresh_prompt_bytes(longer, "s") == len(source[:3040].encode())  # nothing kept
+    engine.encode_prompt(first, "s")
+    fresh = engine.fresh_prompt_bytes(longer, "s")
+    assert 40 <= fresh < 400  # from the last line start before the change
+    assert engine.fresh_prompt_bytes(first, "s") == 0  # the same text again
+    assert engine.fresh_prompt_bytes(longer, "") == len(source[:3040].encode())
+    infill = Prompt(prefix=source[:2000], suffix=source[2000:2600])  # within 1,024 tokens
+    engine.encode_prompt(infill, "s")
+    again = Prompt(prefix=source[:2040], suffix=source[2000:2600])
+    assert engine.fresh_prompt_bytes(again, "s") < 400  # the suffix is spared whole
