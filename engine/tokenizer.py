@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import json
 import threading
@@ -26,8 +27,6 @@ class Tokenizer:
         # The offset-free encode (tokenizers >= 0.21): ~25% less time on the time to first
         # token; tests/unit/test_tokenizer.py checks its ids are encode()'s.
         self._encode_fast = getattr(self._tok, "encode_batch_fast", None)
-        self._token_bytes: list[int] | None = None  # token_bytes(), built on first use
-        self.added_texts: tuple[bytes, ...] = ()  # added tokens' text, set with it
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         eos = set(eos_token_ids)
         config = file.parent / "tokenizer_config.json"
@@ -52,12 +51,19 @@ class Tokenizer:
             if end is not None:  # the family ends an infill with its own token
                 self.eos_token_ids = frozenset({*self.eos_token_ids, end})
 
+    @functools.cached_property
+    def _byte_level(self) -> tuple[list[int], tuple[bytes, ...]]:
+        return _byte_lengths(self._tok)
+
     def token_bytes(self) -> list[int] | None:
         """UTF-8 bytes each id stands for, where ids are byte-level BPE pieces (their
         concatenation is the text's bytes, nothing added or normalised); else None."""
-        if self._token_bytes is None:
-            self._token_bytes, self.added_texts = _byte_lengths(self._tok)
-        return self._token_bytes or None
+        return self._byte_level[0] or None
+
+    @property
+    def added_texts(self) -> tuple[bytes, ...]:
+        """The text of the added tokens, where token_bytes() is not None."""
+        return self._byte_level[1]
 
     def special_ids(self) -> set[int]:
         """Ids of the tokenizer's special tokens (end-of-text, FIM markers, ...)."""
@@ -153,10 +159,10 @@ class SessionTokens:
     same editing session, without tokenising that shared part again.
 
     An editor sends the file up to the cursor again and again, a few characters longer
-    or edited a few lines up. For a tokenizer where an unindented line start always
-    begins a new pre-token (see _line_start_splits), the ids are the earlier prompt's
-    ids up to the last such line start before the first changed byte, then the rest
-    tokenised on its own: the same ids as tokenising the whole text
+    or edited a few lines up. For a tokenizer where a new pre-token begins at a line's
+    first visible character, or at the last space of its indentation, whatever came
+    before (see _line_start_splits), the ids are the earlier prompt's ids up to the
+    last such place before the first changed byte, then the rest tokenised on its own: the same ids as tokenising the whole text
     (tests/unit/test_session_tokens.py holds it to that on random edits). Other
     tokenizers, texts without a session, and texts sharing less than `min_shared`
     bytes are tokenised whole. Keeps the last `per_session` texts of the last
@@ -238,7 +244,7 @@ class SessionTokens:
         # Added tokens are cut out of the text before the regex runs: one that begins in
         # the indentation or at the line's first character (in either text) ends the
         # segment before it there, which changes how the whitespace before it splits.
-        added = [t for t in self.tokenizer.added_texts if t]
+        added = self.tokenizer.added_texts
         old = earlier.data
         start = _last_split(
             data,
