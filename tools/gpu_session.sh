@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [mlp16]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -92,10 +92,6 @@ for step in ${*:-tests int4 typing decode}; do
     speculative-1.5b) run speculative-1.5b 150 python3 bench/speculative.py --device cuda --shape qwen2.5-coder-1.5b ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;
     stability) run stability 300 python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b ;;
-    mlp16) # the fused feed-forward kernel: its GPU tests, then its micro-benchmark
-      TAIL=8 run mlp16-tests ${MLP_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q -rs \
-        tests/gpu/test_cuda_mlp16.py --junitxml="$LOGS/mlp16-tests.xml"
-      TAIL=30 run mlp16-micro ${MLP_MICRO_CAP:-240} python3 bench/micro_mlp16.py --out bench/results ;;
     ops) TAIL=40 run ops 300 python3 -m pytest -p no:cacheprovider -q -rs -s \
            tests/gpu/test_selfcheck_gpu.py tests/gpu/test_ops_server_gpu.py --junitxml="$LOGS/ops-tests.xml" ;;
     *) echo "unknown step $step" ;;

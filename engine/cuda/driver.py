@@ -163,19 +163,6 @@ class Kernel:
     def local_bytes(self) -> int:
         return self.attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
 
-    def blocks_per_sm(self, threads: int, shared: int) -> int:
-        """How many blocks of `threads` threads and `shared` bytes of dynamic shared
-        memory fit on one SM at once (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
-        self.allow_shared(shared)
-        n = ctypes.c_int()
-        check(
-            lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                ctypes.byref(n), self.handle, threads, ctypes.c_size_t(shared)
-            ),
-            f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})",
-        )
-        return int(n.value)
-
     def allow_shared(self, nbytes: int) -> None:
         """Dynamic shared memory above the default 48 KB needs an opt-in per kernel."""
         if nbytes > 48 * 1024 and nbytes > self._smem_limit:
