@@ -9,7 +9,9 @@ GQA 6) at filled lengths L = 64, 640, 4096 of a 4096-position cache. Every timin
 calls back to back inside one CUDA graph, each call on its own layer's cache (at least
 32 layers, more until the K/V read per replay is 4x the 60 MiB L2, so they come from
 HBM as in a real step), median over replays, in microseconds per layer. The fused
-kernel runs its default launch shape and a sweep of (splits, warps).
+kernel runs its default launch shape (with its splits merged in a thread-block cluster
+on sm_90, and again through global memory), and a sweep of (splits, warps) with either
+merge.
 
 Napkin math: bytes per layer = K + V of L positions (2 L KVH D 2) + the qkv row, cos and
 sin; floor = bytes / the device-to-device copy bandwidth measured at the start of the
@@ -136,9 +138,22 @@ def triton_calls(
     }
 
 
-def fused_variants(model: str) -> list[tuple[str, dict[str, int]]]:
-    """The default launch shape, then the (splits, warps) sweep."""
-    return [("default", {})] + [(f"s{s}w{w}", {"splits": s, "warps": w}) for s, w in SWEEP[model]]
+def fused_variants(model: str) -> list[tuple[str, dict[str, int | bool]]]:
+    """The default launch shape, and the same with the splits merged through global
+    memory (a last-arriving block) instead of a thread-block cluster; then the (splits,
+    warps) sweep with the global merge, and with the cluster merge where it applies
+    (2..8 splits, sm_90)."""
+    from nib.engine.cuda.attention import MAX_CLUSTER, cluster_default
+
+    out: list[tuple[str, dict[str, int | bool]]] = [
+        ("default", {}),
+        ("default, global merge", {"cluster": False}),
+    ]
+    for s, w in SWEEP[model]:
+        out.append((f"s{s}w{w}", {"splits": s, "warps": w, "cluster": False}))
+        if 1 < s <= MAX_CLUSTER and cluster_default(s, torch.device("cuda")):
+            out.append((f"s{s}w{w}c", {"splits": s, "warps": w, "cluster": True}))
+    return out
 
 
 def bench_length(

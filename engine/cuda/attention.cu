@@ -194,7 +194,7 @@ NIB_DEVICE void attend_tile(u32 ks, u32 vs, int valid, const u32 (&qf)[D / 16][2
 // Dynamic shared memory, in order: NW warps x STAGES x (K tile, V tile); the rotated
 // queries [8][D] (swizzled); the new k and v rows [2][D]; per-warp max and sum [2][NW][8];
 // the last-block flag. attention.py's shared_bytes() mirrors this.
-template <int D, bool BF16, int NW>
+template <int D, bool BF16, int NW, bool CLUSTER>
 NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   constexpr int TILE = 16;
   constexpr int HEADS = 8;    // query heads per KV head, at most (the mma's n8)
@@ -210,6 +210,11 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   float* const wm = reinterpret_cast<float*>(fresh + 2 * ROW_BYTES);
   float* const wl = wm + NW * HEADS;
   int* const flag = reinterpret_cast<int*>(wl + NW * HEADS);
+  // CLUSTER: this block's merged partial, o [8][D] then (max, sum) [8][2], read by the
+  // cluster's first block through distributed shared memory.
+  float* const cp_o = reinterpret_cast<float*>(smem + ((NW * WARP_BYTES + (HEADS + 2) * ROW_BYTES +
+                                                       2 * NW * HEADS * 4 + 16 + 15) & ~15));
+  float* const cp_ml = cp_o + HEADS * D;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y;
@@ -224,7 +229,13 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   const int p = (int)pos, L = p + 1;
   const int chunk = ((L + splits - 1) / splits + TILE - 1) & ~(TILE - 1);
   const int used = (L + chunk - 1) / chunk;
-  if (split >= used) return;
+  if (split >= used) {
+    if constexpr (CLUSTER) {  // every block of a cluster takes part in both barriers
+      cluster_sync();
+      cluster_sync();
+    }
+    return;
+  }
   const int start = split * chunk;
   const int end = min(start + chunk, L);
   const int ntiles = (end - start + TILE - 1) / TILE;
@@ -396,11 +407,54 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
       const float inv = 1.f / lb;
       *reinterpret_cast<uint2*>(a.out + (size_t)(kvh * G + h) * D + 4 * d4) =
           make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+    } else if constexpr (CLUSTER) {
+      *reinterpret_cast<float4*>(cp_o + h * D + 4 * d4) = o;
+      if (d4 == 0) *reinterpret_cast<float2*>(cp_ml + h * 2) = make_float2(mb, lb);
     } else {
       const size_t row = ((size_t)kvh * splits + split) * G + h;
       *reinterpret_cast<float4*>(a.o_part + row * D + 4 * d4) = o;
       if (d4 == 0) *reinterpret_cast<float2*>(a.ml_part + row * 2) = make_float2(mb, lb);
     }
+  }
+  if constexpr (CLUSTER) {
+    // The cluster is this KV head's splits (block rank = split). After the first barrier
+    // every used block's partial is in its shared memory; the first block merges them
+    // through distributed shared memory (no global partials, fence or counter), and the
+    // second barrier keeps the others' shared memory alive until it has read them.
+    cluster_sync();
+    if (split == 0 && used > 1) {
+      const u32 o_base = smem_addr(cp_o), ml_base = smem_addr(cp_ml);
+      for (int item = tid; item < G * D4; item += NW * 32) {
+        const int h = item / D4, d4 = item % D4;
+        float2 ml[8];
+        float4 op[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          ml[k] = make_float2(neg_inf(), 0.f);
+          op[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (k < used) {
+            ml[k] = ld_cluster_f2(cluster_map(ml_base + h * 8, k));
+            op[k] = ld_cluster_f4(cluster_map(o_base + (h * D + 4 * d4) * 4, k));
+          }
+        }
+        float mn = neg_inf();
+#pragma unroll
+        for (int k = 0; k < 8; ++k) mn = fmaxf(mn, ml[k].x);
+        float lt = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float e = ex2(ml[k].x - mn);
+          lt += e * ml[k].y;
+          o.x += e * op[k].x, o.y += e * op[k].y, o.z += e * op[k].z, o.w += e * op[k].w;
+        }
+        const float inv = 1.f / lt;
+        *reinterpret_cast<uint2*>(a.out + (size_t)(kvh * G + h) * D + 4 * d4) =
+            make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+      }
+    }
+    cluster_sync();
+    return;
   }
   if (used == 1) return;
 
@@ -454,7 +508,11 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
 #define ROPE_ATTEND(D, DT, BF16, NW)                                                    \
   extern "C" __global__ void __launch_bounds__(NW * 32, 1)                              \
       rope_attend_d##D##_##DT##_w##NW(const RopeAttnArgs a) {                           \
-    rope_attend_body<D, BF16, NW>(a);                                                   \
+    rope_attend_body<D, BF16, NW, false>(a);                                            \
+  }                                                                                     \
+  extern "C" __global__ void __launch_bounds__(NW * 32, 1)                              \
+      rope_attend_d##D##_##DT##_w##NW##_cluster(const RopeAttnArgs a) {                 \
+    rope_attend_body<D, BF16, NW, true>(a);                                             \
   }
 
 ROPE_ATTEND(64, bf16, true, 4)

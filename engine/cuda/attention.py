@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -76,17 +77,36 @@ class LaunchShape:
 
     splits: int
     warps: int
+    cluster: bool = False  # the splits of a KV head merge in a thread-block cluster
 
     def label(self) -> str:
-        return f"s{self.splits}w{self.warps}"
+        return f"s{self.splits}w{self.warps}{'c' if self.cluster else ''}"
 
 
 def shared_bytes(head_dim: int, warps: int) -> int:
     """attention.cu's dynamic shared memory: warps x stages x (K, V) tiles of 16 rows, the
-    rotated queries [8][D], the new k and v rows, per-warp max and sum, a flag."""
+    rotated queries [8][D], the new k and v rows, per-warp max and sum, a flag; then
+    (16-byte aligned) the block's merged partial for a cluster's merge, o [8][D] and
+    (max, sum) [8][2] in fp32."""
     row = head_dim * 2
     stages = 256 // head_dim
-    return warps * stages * 2 * TILE * row + 8 * row + 2 * row + 2 * warps * 8 * 4 + 16
+    base = warps * stages * 2 * TILE * row + 8 * row + 2 * row + 2 * warps * 8 * 4 + 16
+    return -(-base // 16) * 16 + 8 * head_dim * 4 + 8 * 2 * 4
+
+
+MAX_CLUSTER = 8  # the portable cluster size: the cluster merge takes at most 8 splits
+CLUSTER_CAPABILITY = (9, 0)
+
+
+def cluster_default(splits: int, device: torch.device) -> bool:
+    """Whether the splits may merge through a thread-block cluster's distributed shared
+    memory (sm_90, 2..MAX_CLUSTER splits; NIB_CUDA_CLUSTER=0 keeps the global merge).
+    FusedDecodeAttention also asks the GPU whether every cluster fits at once."""
+    if os.environ.get("NIB_CUDA_CLUSTER", "1") == "0":
+        return False
+    return 1 < splits <= MAX_CLUSTER and torch.cuda.get_device_capability(device) >= (
+        CLUSTER_CAPABILITY
+    )
 
 
 class FusedDecodeAttention:
@@ -107,6 +127,7 @@ class FusedDecodeAttention:
         *,
         splits: int | None = None,
         warps: int = 8,
+        cluster: bool | None = None,
     ) -> None:
         why = unsupported(num_heads, num_kv_heads, head_dim, dtype)
         if why:
@@ -126,18 +147,37 @@ class FusedDecodeAttention:
             splits = default_splits(num_kv_heads, self.group, head_dim, sms)
         if not 1 <= splits <= MAX_SPLITS:
             raise ValueError(f"fused decode attention: splits {splits} not in 1..{MAX_SPLITS}")
-        self.shape = LaunchShape(splits, warps)
+        from nib.engine.cuda.loader import module, pdl
+
+        base = f"rope_attend_d{head_dim}_{DTYPES[dtype]}_w{warps}"
+        self.shared = shared_bytes(head_dim, warps)
+        if cluster is None:
+            # Measured on the H200 (bench/results/2026-12-01-micro-attention.json): the
+            # cluster merge saves ~0.6 us a layer where the clusters all run at once
+            # (Qwen2.5-1.5B: 2 KV heads x 8 splits), and costs a second wave where they
+            # do not (Llama-2-7B: 32 x 4 whole-SM blocks, 6.4 -> 8.9 us).
+            cluster = (
+                cluster_default(splits, device)
+                and module("attention.cu", device)
+                .kernel(base + "_cluster")
+                .max_active_clusters((splits, num_kv_heads), (warps * 32,), self.shared, (splits,))
+                >= num_kv_heads
+            )
+        if cluster and torch.cuda.get_device_capability(device) < CLUSTER_CAPABILITY:
+            raise ValueError("fused decode attention: a cluster merge needs sm_90 or newer")
+        if cluster and not 1 <= splits <= MAX_CLUSTER:
+            raise ValueError(
+                f"fused decode attention: a cluster merge takes 1..{MAX_CLUSTER} splits, "
+                f"not {splits}"
+            )
+        self.shape = LaunchShape(splits, warps, cluster)
         rows = num_kv_heads * splits * self.group
         self.o_part = torch.empty((rows, head_dim), dtype=torch.float32, device=device)
         self.ml_part = torch.empty((rows, 2), dtype=torch.float32, device=device)
         # Zero between launches: the merging block resets its counter.
         self.counters = torch.zeros(num_kv_heads, dtype=torch.int32, device=device)
         self.scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
-        self.shared = shared_bytes(head_dim, warps)
-        from nib.engine.cuda.loader import module, pdl
-
-        name = f"rope_attend_d{head_dim}_{DTYPES[dtype]}_w{warps}"
-        self._kernel = module("attention.cu", device).kernel(name)
+        self._kernel = module("attention.cu", device).kernel(base + ("_cluster" if cluster else ""))
         self._pdl = pdl(device)  # starts while the q/k/v GEMV finishes (attention.cu)
 
     def label(self) -> str:
@@ -202,7 +242,10 @@ class FusedDecodeAttention:
             self.num_kv_heads, self.group, self.max_context, self.scale_log2,
         )  # fmt: skip
         grid = (self.shape.splits, self.num_kv_heads)
-        self._kernel.launch(grid, (self.shape.warps * 32,), args, self.shared, pdl=self._pdl)
+        cluster = (self.shape.splits, 1, 1) if self.shape.cluster else None
+        self._kernel.launch(
+            grid, (self.shape.warps * 32,), args, self.shared, pdl=self._pdl, cluster=cluster
+        )
         return out
 
 

@@ -274,3 +274,38 @@ NIB_DEVICE float ex2(float x) {
 // This thread's earlier writes are visible GPU-wide before its later ones (split-K
 // partials before the counter that announces them; the counter before reading them).
 NIB_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
+// ---- thread-block clusters (sm_90) -----------------------------------------------
+// All threads of every block of the cluster: arrive (release), then wait (acquire).
+NIB_DEVICE void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// The shared::cluster address of `addr` (this block's shared window) in block `rank`.
+NIB_DEVICE u32 cluster_map(u32 addr, int rank) {
+  u32 r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+#else
+  __trap();
+#endif
+  return r;
+}
+NIB_DEVICE float4 ld_cluster_f4(u32 addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+#endif
+  return v;
+}
+NIB_DEVICE float2 ld_cluster_f2(u32 addr) {
+  float2 v = make_float2(0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+#endif
+  return v;
+}

@@ -19,6 +19,7 @@ from functools import cache
 import torch
 
 CUDA_ERROR_INVALID_CONTEXT = 201
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
@@ -31,10 +32,15 @@ class CudaError(RuntimeError):
     """A CUDA driver call failed."""
 
 
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
 class _LaunchAttributeValue(ctypes.Union):
-    # CUlaunchAttributeValue: a 64-byte union; nib sets only its int members. (Not
-    # c_char arrays: ctypes hands those out as bytes objects, not as the buffer.)
-    _fields_ = [("pad", ctypes.c_ubyte * 64), ("int_value", ctypes.c_int)]
+    # CUlaunchAttributeValue: a 64-byte union; nib sets its int member and the cluster
+    # dimensions. (Not c_char arrays: ctypes hands those out as bytes objects, not as
+    # the buffer.)
+    _fields_ = [("pad", ctypes.c_ubyte * 64), ("int_value", ctypes.c_int), ("dim", _Dim3)]
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -63,6 +69,13 @@ def _pdl_attribute() -> _LaunchAttribute:
 
 
 _PDL = _pdl_attribute()
+
+
+def _cluster_attribute(dims: tuple[int, int, int]) -> _LaunchAttribute:
+    attr = _LaunchAttribute()
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.dim = _Dim3(*dims)
+    return attr
 
 
 @cache
@@ -163,6 +176,23 @@ class Kernel:
     def local_bytes(self) -> int:
         return self.attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
 
+    def max_active_clusters(
+        self, grid: tuple[int, ...], block: tuple[int, ...], shared: int, cluster: tuple[int, ...]
+    ) -> int:
+        """How many clusters of this launch the GPU can run at once
+        (cuOccupancyMaxActiveClusters): fewer than the grid holds means a second wave."""
+        self.allow_shared(shared)
+        g = (*grid, 1, 1)[:3]
+        b = (*block, 1, 1)[:3]
+        attrs = (_LaunchAttribute * 1)(_cluster_attribute((*cluster, 1, 1)[:3]))  # type: ignore[arg-type]
+        cfg = _LaunchConfig(*g, *b, shared, None, attrs, 1)
+        n = ctypes.c_int()
+        check(
+            lib().cuOccupancyMaxActiveClusters(ctypes.byref(n), self.handle, ctypes.byref(cfg)),
+            f"cuOccupancyMaxActiveClusters({self.name})",
+        )
+        return int(n.value)
+
     def allow_shared(self, nbytes: int) -> None:
         """Dynamic shared memory above the default 48 KB needs an opt-in per kernel."""
         if nbytes > 48 * 1024 and nbytes > self._smem_limit:
@@ -182,6 +212,7 @@ class Kernel:
         shared: int = 0,
         stream: torch.cuda.Stream | None = None,
         pdl: bool = False,
+        cluster: tuple[int, ...] | None = None,
     ) -> None:
         """Launch on `stream` (default: PyTorch's current stream on the module's device)
         with one by-value argument struct (the kernel's only parameter).
@@ -197,11 +228,15 @@ class Kernel:
         self.allow_shared(shared)
         s = stream if stream is not None else torch.cuda.current_stream(self.module.device)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
-        rc = self._launch(g, b, shared, s, params, pdl)
+        c = None if cluster is None else (*cluster, 1, 1)[:3]
+        rc = self._launch(g, b, shared, s, params, pdl, c)
         if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
             ensure_context(self.module.device)
-            rc = self._launch(g, b, shared, s, params, pdl)
-        check(rc, f"launching {self.name} grid={g} block={b} shared={shared} pdl={pdl}")
+            rc = self._launch(g, b, shared, s, params, pdl, c)
+        check(
+            rc,
+            f"launching {self.name} grid={g} block={b} shared={shared} pdl={pdl} cluster={c}",
+        )
 
     def _launch(
         self,
@@ -211,11 +246,16 @@ class Kernel:
         s: torch.cuda.Stream,
         params: ctypes.Array[ctypes.c_void_p],
         pdl: bool,
+        cluster: tuple[int, ...] | None = None,
     ) -> int:
         stream = ctypes.c_void_p(s.cuda_stream)
-        if not pdl:
+        if not pdl and cluster is None:
             return int(lib().cuLaunchKernel(self.handle, *g, *b, shared, stream, params, None))
-        cfg = _LaunchConfig(*g, *b, shared, stream, ctypes.pointer(_PDL), 1)
+        attrs = ([_PDL] if pdl else []) + (
+            [_cluster_attribute(cluster)] if cluster is not None else []  # type: ignore[arg-type]
+        )
+        array = (_LaunchAttribute * len(attrs))(*attrs)
+        cfg = _LaunchConfig(*g, *b, shared, stream, array, len(attrs))
         return int(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.handle, params, None))
 
 

@@ -58,7 +58,9 @@ def rope_tables(s: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch
 class Problem:
     """Random qkv row and caches for one shape; `check` runs the kernel at position p."""
 
-    def __init__(self, name: str, s: int, dtype: torch.dtype, seed: int = 0, **kw: int) -> None:
+    def __init__(
+        self, name: str, s: int, dtype: torch.dtype, seed: int = 0, **kw: int | bool
+    ) -> None:
         self.h, self.kvh, self.d = SHAPES[name]
         self.s, self.dtype, self.name = s, dtype, name
         self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -131,15 +133,41 @@ def test_max_context(name: str, dtype: torch.dtype) -> None:
         prob.check(length - 1)
 
 
+def _cluster_runs() -> bool:
+    from nib.engine.cuda.attention import CLUSTER_CAPABILITY
+
+    return torch.cuda.get_device_capability(DEVICE) >= CLUSTER_CAPABILITY
+
+
+@pytest.mark.parametrize("merge", ["global", "cluster"])
 @pytest.mark.parametrize("warps", [4, 8])
-@pytest.mark.parametrize("splits", [1, 2, 7, 33, 64])
+@pytest.mark.parametrize("splits", [1, 2, 7, 8, 33, 64])
 @pytest.mark.parametrize("name", ["llama-2-7b", "qwen2.5-coder-1.5b", "g8-d64"])
-def test_every_launch_shape(name: str, splits: int, warps: int) -> None:
-    prob = Problem(name, 2048, torch.bfloat16, seed=splits, splits=splits, warps=warps)
+def test_every_launch_shape(name: str, splits: int, warps: int, merge: str) -> None:
+    """Both ways of merging the splits: the last block to arrive reads them from global
+    memory, or (sm_90, up to 8 splits) the cluster's first block reads them from the
+    others' shared memory."""
+    cluster = merge == "cluster"
+    if cluster and (splits > 8 or not _cluster_runs()):
+        pytest.skip("a cluster merge takes 1..8 splits on sm_90")
+    prob = Problem(
+        name, 2048, torch.bfloat16, seed=splits, splits=splits, warps=warps, cluster=cluster
+    )
+    assert prob.fused.shape.cluster == cluster
     for length in (1, 17, 16 * splits, 16 * splits + 1, 700, 2048):
         if length <= 2048:
-            prob.check(length - 1, f"s{splits}w{warps}")
+            prob.check(length - 1, f"{prob.fused.shape.label()}")
     assert not prob.fused.counters.any()
+
+
+def test_the_default_merges_in_a_cluster_where_it_can() -> None:
+    from nib.engine.cuda.attention import cluster_default
+
+    prob = Problem("qwen2.5-coder-1.5b", 1024, torch.bfloat16, splits=8)
+    assert prob.fused.shape.cluster == _cluster_runs() == cluster_default(8, DEVICE)
+    assert not cluster_default(9, DEVICE) and not cluster_default(1, DEVICE)
+    with pytest.raises(ValueError, match=r"1\.\.8 splits"):
+        Problem("qwen2.5-coder-1.5b", 1024, torch.bfloat16, splits=9, cluster=True)
 
 
 def test_positions_not_at_the_end_of_the_filled_cache() -> None:
@@ -162,10 +190,16 @@ def test_a_position_outside_the_cache_writes_nothing() -> None:
     prob.check(255)  # and the counters were not disturbed
 
 
+@pytest.mark.parametrize("merge", ["global", "cluster"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["llama-2-7b", "qwen2.5-coder-1.5b", "nib-tiny"])
-def test_in_a_cuda_graph_replayed_at_increasing_positions(name: str, dtype: torch.dtype) -> None:
-    prob = Problem(name, 4096, dtype, seed=2)
+def test_in_a_cuda_graph_replayed_at_increasing_positions(
+    name: str, dtype: torch.dtype, merge: str
+) -> None:
+    if merge == "cluster" and not _cluster_runs():
+        pytest.skip("a cluster merge needs sm_90")
+    splits = {"cluster": {"splits": 8, "cluster": True}, "global": {"cluster": False}}[merge]
+    prob = Problem(name, 4096, dtype, seed=2, **splits)
     qkv = prob.qkv()
     pos = torch.zeros(1, dtype=torch.long, device=DEVICE)
     out = torch.empty((1, prob.h, 1, prob.d), dtype=dtype, device=DEVICE)

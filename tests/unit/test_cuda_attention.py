@@ -14,7 +14,11 @@ from nib.engine.cuda import build
 from tests.unit.cuda_tools import nvcc_or_skip
 
 KERNELS = {
-    f"rope_attend_d{d}_{dt}_w{w}" for d in (64, 128) for dt in ("bf16", "f16") for w in (4, 8)
+    f"rope_attend_d{d}_{dt}_w{w}{merge}"
+    for d in (64, 128)
+    for dt in ("bf16", "f16")
+    for w in (4, 8)
+    for merge in ("", "_cluster")  # splits merged through global memory, or in a cluster
 }
 
 
