@@ -16,6 +16,7 @@ import ctypes
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -109,6 +110,18 @@ def cluster_default(splits: int, device: torch.device) -> bool:
     )
 
 
+def _clusters_fit(kernel: Any, splits: int, kv_heads: int, warps: int, shared: int) -> bool:
+    """Whether all kv_heads clusters of `splits` blocks run on the GPU at once; False
+    where the driver cannot say (the global merge then runs, not the Triton pair)."""
+    from nib.engine.cuda.driver import CudaError
+
+    try:
+        fit = kernel.max_active_clusters((splits, kv_heads), (warps * 32,), shared, (splits,))
+    except CudaError:
+        return False
+    return int(fit) >= kv_heads
+
+
 class FusedDecodeAttention:
     """Preallocated partials and counters for one model shape; graph-safe (the position
     is read on the device, the grid is fixed). Call it as
@@ -156,12 +169,12 @@ class FusedDecodeAttention:
             # cluster merge saves ~0.6 us a layer where the clusters all run at once
             # (Qwen2.5-1.5B: 2 KV heads x 8 splits), and costs a second wave where they
             # do not (Llama-2-7B: 32 x 4 whole-SM blocks, 6.4 -> 8.9 us).
-            cluster = (
-                cluster_default(splits, device)
-                and module("attention.cu", device)
-                .kernel(base + "_cluster")
-                .max_active_clusters((splits, num_kv_heads), (warps * 32,), self.shared, (splits,))
-                >= num_kv_heads
+            cluster = cluster_default(splits, device) and _clusters_fit(
+                module("attention.cu", device).kernel(base + "_cluster"),
+                splits,
+                num_kv_heads,
+                warps,
+                self.shared,
             )
         if cluster and torch.cuda.get_device_capability(device) < CLUSTER_CAPABILITY:
             raise ValueError("fused decode attention: a cluster merge needs sm_90 or newer")

@@ -149,3 +149,25 @@ def test_kernel_paths_say_why_the_decode_step_runs_triton(tmp_path, why, fallbac
     assert decode.kernel.startswith("triton split-K decode attention") and why in decode.kernel
     assert decode.fallback is fallback
     assert by[("rope_cache", "any")].kernel.startswith("triton rope_cache")
+
+
+def test_the_cluster_merge_runs_only_where_every_cluster_fits() -> None:
+    """The default asks the driver how many clusters fit at once; a driver that cannot
+    say keeps the global merge (never the Triton pair)."""
+    from types import SimpleNamespace
+
+    from nib.engine.cuda.driver import CudaError
+
+    def kernel(fit: int | None) -> SimpleNamespace:
+        def ask(grid, block, shared, cluster):  # type: ignore[no-untyped-def]
+            assert grid == (8, 2) and block == (256,) and cluster == (8,) and shared == 1000
+            if fit is None:
+                raise CudaError("cuOccupancyMaxActiveClusters failed")
+            return fit
+
+        return SimpleNamespace(max_active_clusters=ask)
+
+    assert fused._clusters_fit(kernel(15), 8, 2, 8, 1000)
+    assert fused._clusters_fit(kernel(2), 8, 2, 8, 1000)
+    assert not fused._clusters_fit(kernel(1), 8, 2, 8, 1000)  # a second wave
+    assert not fused._clusters_fit(kernel(None), 8, 2, 8, 1000)
