@@ -349,6 +349,55 @@ def readme_table(result: dict) -> list[str]:  # type: ignore[type-arg]
     return table
 
 
+BEFORE = ROOT / "bench" / "results" / "2026-11-29-decode.json"  # the Triton-only engine
+
+
+def profile_table(result: dict, before: dict | None = None) -> list[str]:  # type: ignore[type-arg]
+    """Kernels per decode step and the graph replay against the sum of its kernels' times
+    (profile_decode_step), for nib's graph rows; `before`: the same columns from an
+    earlier result where it has the row. Sum above replay means kernels overlap
+    (programmatic dependent launch); below it, the difference is gaps between kernels."""
+    old = {(r["shape"], r["impl"], r["context"]): r for r in (before or {}).get("rows", [])}
+    table = [
+        "| shape | impl | kernels / step | kernel sum µs | replay µs | replay - sum µs "
+        "| before: kernels | sum µs | replay µs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {shape: i for i, shape in enumerate(SHAPES)}
+    # profile_decode_step profiles at position 300 whatever the row's context: one row
+    # per shape and impl (the shortest context).
+    seen: set[tuple[str, str]] = set()
+    rows = []
+    for r in sorted(result["rows"], key=lambda r: r["context"]):
+        if "graph_replay_us" in r and (r["shape"], r["impl"]) not in seen:
+            seen.add((r["shape"], r["impl"]))
+            rows.append(r)
+    for r in sorted(rows, key=lambda r: (order.get(r["shape"], len(order)), r["impl"])):
+        b = old.get((r["shape"], r["impl"], r["context"]))
+        then = (
+            f"{b['kernels_per_step']:.0f} | {b['kernel_sum_us']:.0f} | {b['graph_replay_us']:.0f}"
+            if b and "graph_replay_us" in b
+            else "- | - | -"
+        )
+        table.append(
+            f"| {r['shape']} | {r['impl']} | {r['kernels_per_step']:.0f} | "
+            f"{r['kernel_sum_us']:.0f} | {r['graph_replay_us']:.0f} | "
+            f"{r['graph_replay_us'] - r['kernel_sum_us']:+.0f} | {then} |"
+        )
+    return table
+
+
+def profile_caption(result: dict, before: dict | None) -> str:  # type: ignore[type-arg]
+    since = (
+        f"; before: the same rows on {before['date']} (`results/{BEFORE.name}`)" if before else ""
+    )
+    return (
+        f"One decode step of each nib graph path at position 300, its body run eagerly under "
+        f"the CUDA profiler (kernel count and summed kernel time) and its graph replayed "
+        f"({result['date']}, `bench/decode.py`){since}"
+    )
+
+
 def readme_caption(result: dict) -> str:  # type: ignore[type-arg]
     runs = "; ".join(f"`{c}`" for c in result.get("commands", [result["command"]]))
     return f"{result['device']}, torch {result['torch']}, {result['date']}; {runs}"
@@ -412,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "partial-decode.json").unlink(missing_ok=True)
     table = readme_table(result)
     write_readme_table("decode", readme_caption(result), table)
+    before = json.loads(BEFORE.read_text()) if BEFORE.exists() else None
+    write_readme_table(
+        "decode-profile", profile_caption(result, before), profile_table(result, before)
+    )
     print(f"wrote {path}")
     print("\n".join(table))
     return 0

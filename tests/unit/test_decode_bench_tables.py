@@ -1,0 +1,71 @@
+"""bench/README.md's decode tables hold exactly what bench/decode.py makes of the committed
+results (the numbers in the README are the JSON's, not typed in), and the profile table
+keeps one row per path: the profile is taken at one position whatever the row's context."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "bench" / "README.md"
+
+
+@pytest.fixture(scope="module")
+def decode() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "bench" / "decode.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def block(section: str) -> list[str]:
+    text = README.read_text()
+    m = re.search(rf"<!-- BEGIN {section} -->\n(.*?)\n<!-- END {section} -->", text, re.S)
+    assert m, f"no {section} block in bench/README.md"
+    return m.group(1).split("\n")
+
+
+def latest(decode: ModuleType) -> dict:  # type: ignore[type-arg]
+    names = sorted(p.name for p in (ROOT / "bench" / "results").glob("*-decode.json"))
+    return json.loads((ROOT / "bench" / "results" / names[-1]).read_text())
+
+
+def test_the_readme_tables_are_the_results(decode: ModuleType) -> None:
+    result = latest(decode)
+    before = json.loads(decode.BEFORE.read_text())
+    lines = block("decode")
+    assert lines[0] == decode.readme_caption(result)
+    assert lines[2:] == decode.readme_table(result)
+    lines = block("decode-profile")
+    assert lines[0] == decode.profile_caption(result, before)
+    assert lines[2:] == decode.profile_table(result, before)
+
+
+def test_the_profile_table_has_one_row_per_path_and_signs_the_overlap(
+    decode: ModuleType,
+) -> None:
+    def row(shape: str, impl: str, context: int, kernels: float, total: float, replay: float):  # type: ignore[no-untyped-def]
+        return {"shape": shape, "impl": impl, "context": context, "kernels_per_step": kernels,
+                "kernel_sum_us": total, "graph_replay_us": replay}  # fmt: skip
+
+    result = {
+        "rows": [
+            row("llama-2-7b", "nib-graphs", 4096, 164, 4000.0, 3900.0),
+            row("llama-2-7b", "nib-graphs", 640, 164, 3781.0, 3528.0),
+            {"shape": "llama-2-7b", "impl": "hf-eager", "context": 640},
+        ]
+    }
+    before = {"rows": [row("llama-2-7b", "nib-graphs", 640, 207, 4377.0, 4443.0)]}
+    table = decode.profile_table(result, before)
+    assert len(table) == 3  # header, rule, one row: the shortest context's
+    assert table[2] == "| llama-2-7b | nib-graphs | 164 | 3781 | 3528 | -253 | 207 | 4377 | 4443 |"
+    assert decode.profile_table(result)[2].endswith("| - | - | - |")
