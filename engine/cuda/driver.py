@@ -71,11 +71,22 @@ def _pdl_attribute() -> _LaunchAttribute:
 _PDL = _pdl_attribute()
 
 
-def _cluster_attribute(dims: tuple[int, int, int]) -> _LaunchAttribute:
-    attr = _LaunchAttribute()
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.dim = _Dim3(*dims)
-    return attr
+def _dim3(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    x, y, z = (*dims, 1, 1)[:3]
+    return x, y, z
+
+
+@cache
+def _attributes(pdl: bool, cluster: tuple[int, int, int] | None) -> ctypes.Array[_LaunchAttribute]:
+    """The launch attributes for programmatic dependent launch and/or a cluster shape,
+    built once per combination (launches reuse them)."""
+    attrs = [_PDL] if pdl else []
+    if cluster is not None:
+        attr = _LaunchAttribute()
+        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.dim = _Dim3(*cluster)
+        attrs.append(attr)
+    return (_LaunchAttribute * len(attrs))(*attrs)
 
 
 @cache
@@ -182,10 +193,8 @@ class Kernel:
         """How many clusters of this launch the GPU can run at once
         (cuOccupancyMaxActiveClusters): fewer than the grid holds means a second wave."""
         self.allow_shared(shared)
-        g = (*grid, 1, 1)[:3]
-        b = (*block, 1, 1)[:3]
-        attrs = (_LaunchAttribute * 1)(_cluster_attribute((*cluster, 1, 1)[:3]))  # type: ignore[arg-type]
-        cfg = _LaunchConfig(*g, *b, shared, None, attrs, 1)
+        attrs = _attributes(False, _dim3(cluster))
+        cfg = _LaunchConfig(*_dim3(grid), *_dim3(block), shared, None, attrs, len(attrs))
         n = ctypes.c_int()
         check(
             lib().cuOccupancyMaxActiveClusters(ctypes.byref(n), self.handle, ctypes.byref(cfg)),
@@ -228,7 +237,7 @@ class Kernel:
         self.allow_shared(shared)
         s = stream if stream is not None else torch.cuda.current_stream(self.module.device)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
-        c = None if cluster is None else (*cluster, 1, 1)[:3]
+        c = None if cluster is None else _dim3(cluster)
         rc = self._launch(g, b, shared, s, params, pdl, c)
         if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
             ensure_context(self.module.device)
@@ -246,16 +255,13 @@ class Kernel:
         s: torch.cuda.Stream,
         params: ctypes.Array[ctypes.c_void_p],
         pdl: bool,
-        cluster: tuple[int, ...] | None = None,
+        cluster: tuple[int, int, int] | None = None,
     ) -> int:
         stream = ctypes.c_void_p(s.cuda_stream)
         if not pdl and cluster is None:
             return int(lib().cuLaunchKernel(self.handle, *g, *b, shared, stream, params, None))
-        attrs = ([_PDL] if pdl else []) + (
-            [_cluster_attribute(cluster)] if cluster is not None else []  # type: ignore[arg-type]
-        )
-        array = (_LaunchAttribute * len(attrs))(*attrs)
-        cfg = _LaunchConfig(*g, *b, shared, stream, array, len(attrs))
+        attrs = _attributes(pdl, cluster)
+        cfg = _LaunchConfig(*g, *b, shared, stream, attrs, len(attrs))
         return int(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.handle, params, None))
 
 
