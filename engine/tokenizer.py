@@ -264,10 +264,11 @@ class SessionTokens:
     def _remember(self, session: str, done: _Tokenised, replaced: _Tokenised | None) -> None:
         """Keep `done` as the session's newest text, in place of the one it came from."""
         with self._lock:
-            entries = [e for e in self._seen.pop(session, []) if e is not replaced]
-            entries = [*entries, done][-self.per_session :]
+            before = self._seen.pop(session, [])
+            entries = [*(e for e in before if e is not replaced), done]
+            entries = entries[-self.per_session :]
             self._seen[session] = entries
-            self._bytes = sum(_size(e) for es in self._seen.values() for e in es)
+            self._bytes += sum(_size(e) for e in entries) - sum(_size(e) for e in before)
             while len(self._seen) > 1 and (
                 len(self._seen) > self.sessions or self._bytes > self.max_bytes
             ):
