@@ -17,12 +17,6 @@
 //   0-3 at xs[c] and 4-7 at xs[half + c]: a warp's 16-byte reads are then consecutive
 //   (no bank conflicts), and the slice is zero-padded to whole multiples of U warp
 //   strides so that a masked (zero) weight never meets an unwritten activation;
-// - warp-split K (the KSPLIT variants, "k" in a config's label): the block's warps share
-//   one row group, warp w taking chunk strides w, w + WARPS, ... of the slice, and sum
-//   their partial dot products through shared memory (fixed order) before the
-//   epilogue. A row over a long K (a down projection: K = 8960 at 1536 rows) is then
-//   WARPS short streams in flight at once instead of one long one per warp; the staged
-//   slice is sized to the strides that hold inputs, and the loop skips the U-padding;
 // - split-K (blockIdx.y = split, few rows over a long K): each split's warp writes fp32
 //   partials for its group, and the last of the group's splits to arrive (an atomic
 //   counter per group, which it resets) sums them in split order and runs the epilogue.
@@ -113,31 +107,24 @@ NIB_DEVICE void store_row(const G16Args& a, int j, float v, float up) {
   }
 }
 
-template <bool BF16, bool GLU, int R, int WARPS, int U, bool KSPLIT>
+template <bool BF16, bool GLU, int R, int WARPS, int U>
 NIB_DEVICE void gemv16_body(const G16Args& a) {
   constexpr int ROWS = GLU ? 2 * R : R;  // weight rows per warp
   constexpr int THREADS = WARPS * 32;
-  constexpr int KW = KSPLIT ? WARPS : 1;  // warps sharing a row group's K
-  constexpr int GW = WARPS / KW;          // row groups a block works on at once
   extern __shared__ __align__(16) unsigned char smem[];
   float* scratch = reinterpret_cast<float*>(smem);      // 32 floats for block_sum
   float4* xs = reinterpret_cast<float4*>(smem + 128);  // the staged K slice
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kw = warp % KW;  // this warp's place among those sharing its row group's K
   const int split = blockIdx.y;
   const int k0 = split * a.k_split;
   const int k1 = min(a.k, k0 + a.k_split);
   const int chunks = (k1 - k0) >> 3;  // 16-byte chunks of a weight row in this slice
-  // Chunk strides (32 chunks each) of the slice, and of them this warp's: every KW-th.
-  const int n_real = (chunks + 32 * KW - 1) / (32 * KW);
   // Loads per weight row per lane and row group, whole multiples of U (the loop below
   // is unrolled U times; loads past the slice are predicated off and read zeros).
-  const int n_it = KSPLIT ? ((n_real + U - 1) / U) * U : ((chunks + 32 * U - 1) / (32 * U)) * U;
-  // Chunks per half of xs (zero-padded): warp-split K stages only the strides that hold
-  // inputs (its loop skips the rest), the one-warp rows stage the whole U-padding.
-  const int half = (KSPLIT ? n_real : n_it) * 32 * KW;
-  const int gstride = gridDim.x * GW;
-  const int wg = blockIdx.x * GW + warp / KW;
+  const int n_it = ((chunks + 32 * U - 1) / (32 * U)) * U;
+  const int half = n_it << 5;  // chunks per half of xs (zero-padded)
+  const int gstride = gridDim.x * WARPS;
+  const int wg = blockIdx.x * WARPS + warp;
   const int n_t = wg < a.groups ? min(a.per_warp, (a.groups - 1 - wg) / gstride + 1) : 0;
   const int total = n_t * n_it;  // this warp's loads per weight row, all groups
 
@@ -150,14 +137,14 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
       // Rows past n repeat the last one: loaded, never stored.
       const int j = min(j0 + (GLU ? r % R : r), a.n - 1);
       const int row = (GLU && r >= R) ? a.n + j : j;
-      rowp[r] = reinterpret_cast<const uint4*>(a.w + (size_t)row * a.stride + k0) + (kw << 5) + lane;
+      rowp[r] = reinterpret_cast<const uint4*>(a.w + (size_t)row * a.stride + k0) + lane;
     }
   };
   int lt = 0, li = 0;
   auto load = [&](uint4 (&b)[ROWS]) {
-    const bool ok = ((li * KW + kw) << 5) + lane < chunks;
+    const bool ok = (li << 5) + lane < chunks;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) b[r] = ld_stream_if(rowp[r] + ((li * KW) << 5), ok);
+    for (int r = 0; r < ROWS; ++r) b[r] = ld_stream_if(rowp[r] + (li << 5), ok);
     if (++li == n_it) {
       li = 0;
       if (++lt < n_t) set_rows(lt);
@@ -240,8 +227,7 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = 0.f;
 
   auto fma8 = [&](int ci, const uint4 (&b)[ROWS]) {
-    if (KSPLIT && ci >= n_real) return;  // U-padding: zeros loaded, nothing staged there
-    const int c = ((ci * KW + kw) << 5) + lane;
+    const int c = (ci << 5) + lane;
     const float4 xa = xs[c], xb = xs[half + c];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -265,25 +251,6 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
     float s[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) s[r] = warp_sum(acc[r][0] + acc[r][1]);
-    if constexpr (KSPLIT) {
-      // The block's warps hold partial sums of the same rows: warp 0 adds them up in
-      // warp order. Two buffers by group parity: a warp writes group t + 2's only after
-      // the barrier of group t + 1, which warp 0 reaches after reading group t's.
-      float* red = reinterpret_cast<float*>(smem + 128 + (size_t)half * 32) + (t & 1) * WARPS * ROWS;
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) red[warp * ROWS + r] = s[r];
-      }
-      __syncthreads();
-      if (warp != 0) return;
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) v += red[w * ROWS + r];
-        s[r] = v;
-      }
-    }
     if (a.splits == 1) {
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -334,24 +301,18 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   }
 }
 
-// The shapes gemv16.py may launch: gemv16_<bf16|fp16>_r<R>w<WARPS>u<U>[k][_glu].
-#define G16_KERNEL(DT, BF, GLU, TAG, R, WARPS, U, KS, KTAG)                        \
+// The shapes gemv16.py may launch: gemv16_<bf16|fp16>_r<R>w<WARPS>u<U>[_glu].
+#define G16_KERNEL(DT, BF, GLU, TAG, R, WARPS, U)                                  \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                         \
-      gemv16_##DT##_r##R##w##WARPS##u##U##KTAG##TAG(const G16Args a) {             \
-    gemv16_body<BF, GLU, R, WARPS, U, KS>(a);                                      \
+      gemv16_##DT##_r##R##w##WARPS##u##U##TAG(const G16Args a) {                   \
+    gemv16_body<BF, GLU, R, WARPS, U>(a);                                          \
   }
-#define G16_PLAIN(R, WARPS, U)                                \
-  G16_KERNEL(bf16, true, false, , R, WARPS, U, false, )       \
-  G16_KERNEL(fp16, false, false, , R, WARPS, U, false, )
-#define G16_GLU(R, WARPS, U)                                  \
-  G16_KERNEL(bf16, true, true, _glu, R, WARPS, U, false, )    \
-  G16_KERNEL(fp16, false, true, _glu, R, WARPS, U, false, )
-#define G16_PLAIN_K(R, WARPS, U)                              \
-  G16_KERNEL(bf16, true, false, , R, WARPS, U, true, k)       \
-  G16_KERNEL(fp16, false, false, , R, WARPS, U, true, k)
-#define G16_GLU_K(R, WARPS, U)                                \
-  G16_KERNEL(bf16, true, true, _glu, R, WARPS, U, true, k)    \
-  G16_KERNEL(fp16, false, true, _glu, R, WARPS, U, true, k)
+#define G16_PLAIN(R, WARPS, U)                  \
+  G16_KERNEL(bf16, true, false, , R, WARPS, U)  \
+  G16_KERNEL(fp16, false, false, , R, WARPS, U)
+#define G16_GLU(R, WARPS, U)                        \
+  G16_KERNEL(bf16, true, true, _glu, R, WARPS, U)   \
+  G16_KERNEL(fp16, false, true, _glu, R, WARPS, U)
 
 // Plain, norm and residual: R output rows of U loads in flight per lane. Every GLU
 // shape is here too: a gate_up layer runs its GLU config for the plain product as well.
@@ -368,11 +329,3 @@ G16_GLU(1, 4, 8)
 G16_GLU(2, 4, 4)
 G16_GLU(1, 8, 8)
 G16_GLU(2, 8, 4)
-// Warp-split K: the block's warps share each row group's K (long K over few rows).
-G16_PLAIN_K(1, 4, 8)
-G16_PLAIN_K(2, 4, 4)
-G16_PLAIN_K(1, 8, 4)
-G16_PLAIN_K(1, 8, 8)
-G16_PLAIN_K(2, 8, 4)
-G16_GLU_K(1, 4, 8)
-G16_GLU_K(1, 8, 4)

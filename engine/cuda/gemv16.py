@@ -31,10 +31,6 @@ SCRATCH = 128  # bytes of shared memory before the activations (block_sum)
 # product too.
 PLAIN = frozenset({(1, 4, 4), (1, 4, 8), (2, 4, 4), (2, 4, 8), (4, 4, 4), (1, 8, 8), (2, 8, 4)})
 GLU = frozenset({(1, 4, 4), (1, 4, 8), (2, 4, 4), (1, 8, 8), (2, 8, 4)})
-# Warp-split K (G16_PLAIN_K, G16_GLU_K): the block's warps share each row group's K.
-PLAIN_K = frozenset({(1, 4, 8), (2, 4, 4), (1, 8, 4), (1, 8, 8), (2, 8, 4)})
-GLU_K = frozenset({(1, 4, 8), (1, 8, 4)})
-RED = 2 * 8 * 8 * 4  # warp-split K: two buffers of [warps][rows] partial sums (at most 8 x 8)
 
 
 @dataclass(frozen=True)
@@ -42,16 +38,13 @@ class Gemv16Config:
     """One launch shape: each warp owns `rows` output rows at a time (GLU: their gate and
     up rows), keeps `unroll` 16-byte loads per weight row in flight, and streams
     `per_warp` such row groups back to back; `warps` per block share the staged
-    activations; `split_k` blocks share a row group's K (few rows over a long K).
-    `warp_k`: the block's warps share one row group's K instead (each warp every
-    `warps`-th chunk stride), and `per_warp` counts the block's row groups."""
+    activations; `split_k` blocks share a row group's K (few rows over a long K)."""
 
     rows: int = 2
     warps: int = 4
     unroll: int = 4
     per_warp: int = 1
     split_k: int = 1
-    warp_k: bool = False
 
     @property
     def block_n(self) -> int:
@@ -59,25 +52,17 @@ class Gemv16Config:
         return self.rows
 
     def label(self) -> str:
-        tail = "k" if self.warp_k else ""
-        tail += f"t{self.per_warp}" if self.per_warp > 1 else ""
+        tail = f"t{self.per_warp}" if self.per_warp > 1 else ""
         tail += f"s{self.split_k}" if self.split_k > 1 else ""
         return f"cuda gemv16 r{self.rows}w{self.warps}u{self.unroll}{tail}"
 
 
-def instantiated(glu: bool, warp_k: bool = False) -> frozenset[tuple[int, int, int]]:
-    """The (rows, warps, unroll) shapes gemv16.cu defines for this kind of kernel."""
-    if warp_k:
-        return GLU_K if glu else PLAIN_K
-    return GLU if glu else PLAIN
-
-
 def kernel_name(cfg: Gemv16Config, dtype: torch.dtype, glu: bool) -> str:
-    if (cfg.rows, cfg.warps, cfg.unroll) not in instantiated(glu, cfg.warp_k):
+    table = GLU if glu else PLAIN
+    if (cfg.rows, cfg.warps, cfg.unroll) not in table:
         raise ValueError(f"gemv16: no {'GLU ' if glu else ''}kernel for {cfg}")
     dt = "bf16" if dtype == torch.bfloat16 else "fp16"
-    shape = f"r{cfg.rows}w{cfg.warps}u{cfg.unroll}{'k' if cfg.warp_k else ''}"
-    return f"gemv16_{dt}_{shape}{'_glu' if glu else ''}"
+    return f"gemv16_{dt}_r{cfg.rows}w{cfg.warps}u{cfg.unroll}{'_glu' if glu else ''}"
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -105,14 +90,10 @@ def geometry(n: int, k: int, cfg: Gemv16Config) -> Launch:
         splits = _cdiv(k, k_split)
         if splits == 1:
             k_split = k
-    # The kernel's chunk strides per slice (of them each warp's: every kw-th), and its
-    # loads per row and group: whole multiples of unroll (zero-padded).
-    kw = cfg.warps if cfg.warp_k else 1
-    n_real = _cdiv(min(k, k_split), STRIDE * kw)
-    n_it = _cdiv(n_real, cfg.unroll) * cfg.unroll
-    half = (n_real if cfg.warp_k else n_it) * 32 * kw  # staged chunks per half
-    shared = SCRATCH + half * 2 * 16 + (RED if cfg.warp_k else 0)
-    blocks = _cdiv(groups, (cfg.warps // kw) * cfg.per_warp)
+    # The kernel's loads per row and group: whole multiples of unroll (zero-padded).
+    n_it = _cdiv(min(k, k_split), STRIDE * cfg.unroll) * cfg.unroll
+    shared = SCRATCH + n_it * 32 * 2 * 16
+    blocks = _cdiv(groups, cfg.warps * cfg.per_warp)
     return Launch(groups, (blocks, splits), k_split, splits, shared)
 
 
@@ -280,14 +261,10 @@ def reference(
 
 # What start-up times per layer shape (kernels/gemv.py's swap_in_gemv): every
 # instantiation one group per warp; the common ones streaming 2 or 4 groups per warp
-# (large N: fewer blocks staging the activations); split K for few rows; and the
-# warp-split K shapes where a row is long (K of at least 2048: one warp's row would be
-# several trips to memory), one or more row groups per block.
+# (large N: fewer blocks staging the activations); and split K for few rows.
 _BASE = ((2, 4, 4), (1, 4, 8), (2, 4, 8), (4, 4, 4), (1, 8, 8), (2, 8, 4), (1, 4, 4))
 _STREAMED = ((2, 4, 4), (1, 4, 8), (2, 8, 4))
 _SPLIT = ((2, 4, 4), (1, 4, 8), (1, 8, 8))
-_WARP_K = ((1, 4, 8), (2, 4, 4), (1, 8, 4), (1, 8, 8), (2, 8, 4))
-WARP_K_MIN_K = 2048
 
 
 def candidates(n: int, k: int, glu: bool, sms: int = 132) -> list[Gemv16Config]:
@@ -306,9 +283,4 @@ def candidates(n: int, k: int, glu: bool, sms: int = 132) -> list[Gemv16Config]:
             warps = _cdiv(n, r) * s
             if (r, w, u) in table and k // s >= 1024 and warps <= 64 * sms:
                 out.append(Gemv16Config(r, w, u, split_k=s))
-    if k >= WARP_K_MIN_K:
-        for r, w, u in _WARP_K:
-            for t in (1, 2, 4):
-                if (r, w, u) in instantiated(glu, True) and (t == 1 or _cdiv(n, r * t) >= sms):
-                    out.append(Gemv16Config(r, w, u, per_warp=t, warp_k=True))
     return out

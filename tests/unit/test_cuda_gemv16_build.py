@@ -13,7 +13,7 @@ import re
 import pytest
 
 from nib.engine.cuda import build
-from nib.engine.cuda.gemv16 import GLU, GLU_K, PLAIN, PLAIN_K, Gemv16Config, kernel_name
+from nib.engine.cuda.gemv16 import GLU, PLAIN, Gemv16Config, kernel_name
 from tests.unit.cuda_tools import nvcc_or_skip
 
 torch = pytest.importorskip("torch")
@@ -21,11 +21,10 @@ torch = pytest.importorskip("torch")
 
 def _expected_kernels() -> set[str]:
     names = set()
-    tables = ((False, False, PLAIN), (True, False, GLU), (False, True, PLAIN_K), (True, True, GLU_K))
-    for glu, warp_k, table in tables:
+    for glu, table in ((False, PLAIN), (True, GLU)):
         for r, w, u in table:
             for dtype in (torch.bfloat16, torch.float16):
-                names.add(kernel_name(Gemv16Config(r, w, u, warp_k=warp_k), dtype, glu))
+                names.add(kernel_name(Gemv16Config(r, w, u), dtype, glu))
     return names
 
 
@@ -35,14 +34,9 @@ def test_the_source_instantiates_exactly_the_python_tables() -> None:
         tuple(map(int, m)) for m in re.findall(r"^G16_PLAIN\((\d+), (\d+), (\d+)\)", source, re.M)
     }
     glu = {tuple(map(int, m)) for m in re.findall(r"^G16_GLU\((\d+), (\d+), (\d+)\)", source, re.M)}
-    plain_k, glu_k = (
-        {tuple(map(int, m)) for m in re.findall(rf"^{macro}\((\d+), (\d+), (\d+)\)", source, re.M)}
-        for macro in ("G16_PLAIN_K", "G16_GLU_K")
-    )
-    assert plain == PLAIN and plain_k == PLAIN_K
-    assert glu == GLU and glu_k == GLU_K
-    # A gate_up layer's GLU config also runs its plain product.
-    assert GLU <= PLAIN and GLU_K <= PLAIN_K
+    assert plain == PLAIN
+    assert glu == GLU
+    assert GLU <= PLAIN  # a gate_up layer's GLU config also runs its plain product
 
 
 @pytest.mark.slow

@@ -21,9 +21,7 @@ import torch
 
 from nib.engine.cuda.gemv16 import (
     GLU,
-    GLU_K,
     PLAIN,
-    PLAIN_K,
     SCRATCH,
     Gemv16Config,
     candidates,
@@ -105,23 +103,15 @@ def _stage(
 
 
 class _Warp:
-    """One warp of gemv16_body: its row groups, the load cursor and the buffer ring.
-    With warp-split K it is warp `kw` of the block's warps sharing each group's K, and
-    keeps its partial sums per group (`sums`) for the block to add up."""
+    """One warp of gemv16_body: its row groups, the load cursor and the buffer ring."""
 
-    def __init__(
-        self, sim: _Sim, wg: int, gstride: int, split: int, xs: torch.Tensor, kw: int = 0
-    ) -> None:
+    def __init__(self, sim: _Sim, wg: int, gstride: int, split: int, xs: torch.Tensor) -> None:
         self.sim, self.wg, self.gstride, self.split, self.xs = sim, wg, gstride, split, xs
         geo, u = sim.geo, sim.cfg.unroll
         self.k0 = split * geo.k_split
         self.chunks = (min(sim.k, self.k0 + geo.k_split) - self.k0) // 8
-        self.nkw = sim.cfg.warps if sim.cfg.warp_k else 1
-        self.kw = kw
-        self.n_real = -(-self.chunks // (32 * self.nkw))
-        self.n_it = -(-self.n_real // u) * u
-        self.half = (self.n_real if sim.cfg.warp_k else self.n_it) * 32 * self.nkw
-        self.sums: list[torch.Tensor] = []
+        self.n_it = -(-self.chunks // (32 * u)) * u
+        self.half = self.n_it * 32
         groups, per_warp = geo.groups, sim.cfg.per_warp
         self.n_t = min(per_warp, (groups - 1 - wg) // gstride + 1) if wg < groups else 0
         self.total = self.n_t * self.n_it
@@ -139,12 +129,8 @@ class _Warp:
             self.rows.append(sim.n + j if sim.glu and r >= r_ else j)
             self.real.append(want < sim.n)
 
-    def chunk(self, li: int) -> torch.Tensor:
-        """The chunks of the slice the 32 lanes take at load li."""
-        return (li * self.nkw + self.kw) * 32 + LANES
-
     def load(self) -> tuple[tuple[int, int], list[torch.Tensor]]:
-        c = self.chunk(self.li)
+        c = self.li * 32 + LANES
         ok = c < self.chunks
         cols = torch.where(ok[:, None], self.k0 + c[:, None] * 8 + torch.arange(8)[None, :], 0)
         vals = []
@@ -175,13 +161,7 @@ class _Warp:
                 for p in range(u):
                     entry = buf[p]
                     assert entry is not None and entry[0] == (t, q0 + p), (entry, t, q0 + p)
-                    if sim.cfg.warp_k and q0 + p >= self.n_real:
-                        # U-padding: the kernel skips it; its loads read nothing.
-                        assert all(float(v.abs().sum()) == 0 for v in entry[1])
-                        if t * self.n_it + q0 + p + u < self.total:
-                            buf[p] = self.load()
-                        continue
-                    c = self.chunk(q0 + p)
+                    c = (q0 + p) * 32 + LANES
                     assert int(c.max()) < self.half
                     xa, xb = self.xs[c], self.xs[self.half + c]
                     for r, v in enumerate(entry[1]):
@@ -189,10 +169,7 @@ class _Warp:
                         acc[r, 1] += (v[:, 4:] * xb).sum(-1)
                     if t * self.n_it + q0 + p + u < self.total:
                         buf[p] = self.load()
-            if sim.cfg.warp_k:
-                self.sums.append(acc.sum(dim=(1, 2)))
-            else:
-                self.finish(t, acc.sum(dim=(1, 2)), inv)
+            self.finish(t, acc.sum(dim=(1, 2)), inv)
             acc.zero_()
 
     def finish(self, t: int, s: torch.Tensor, inv: float) -> None:
@@ -249,20 +226,8 @@ def simulate(
         assert SCRATCH + 2 * probe.half * 16 <= geo.shared, "the slice exceeds shared memory"
         for bx in range(grid_x):
             xs, inv = _stage(xd, nw, sim.k, probe.k0, probe.chunks, probe.half, eps)
-            if not cfg.warp_k:
-                for warp in range(cfg.warps):
-                    _Warp(sim, bx * cfg.warps + warp, grid_x * cfg.warps, split, xs).run(inv)
-                continue
-            # Warp-split K: every warp of the block on the same row groups, each its
-            # every-warps-th chunk stride; warp 0 adds the partial sums in warp order.
-            warps = [_Warp(sim, bx, grid_x, split, xs, kw) for kw in range(cfg.warps)]
-            for w in warps:
-                w.run(inv)
-            for t in range(warps[0].n_t):
-                total = warps[0].sums[t].clone()
-                for w in warps[1:]:
-                    total += w.sums[t]
-                warps[0].finish(t, total, inv)
+            for warp in range(cfg.warps):
+                _Warp(sim, bx * cfg.warps + warp, grid_x * cfg.warps, split, xs).run(inv)
     assert (sim.written == 1).all(), f"rows written {sim.written.tolist()}"
     assert (sim.counters == 0).all(), "a split-K counter was left set"
     return sim.y, sim.sums, sim.loaded
@@ -290,14 +255,6 @@ CASES = [
     (21, 264, Gemv16Config(1, 4, 4), True),
     (18, 1032, Gemv16Config(2, 4, 4, per_warp=2), True),
     (11, 2056, Gemv16Config(1, 8, 8, split_k=8), True),
-    # Warp-split K: K = 8960 over 8 warps (a partial last stride, U-padding skipped),
-    # streamed groups, one chunk, splits on top, GLU.
-    (7, 8960, Gemv16Config(1, 8, 8, warp_k=True), False),
-    (37, 2056, Gemv16Config(2, 4, 4, per_warp=2, warp_k=True), False),
-    (9, 8, Gemv16Config(1, 8, 4, per_warp=4, warp_k=True), False),
-    (19, 4104, Gemv16Config(2, 8, 4, per_warp=3, split_k=2, warp_k=True), False),
-    (10, 1544, Gemv16Config(1, 4, 8, warp_k=True), True),
-    (13, 2056, Gemv16Config(1, 8, 4, per_warp=2, warp_k=True), True),
 ]
 
 
@@ -372,12 +329,8 @@ def test_candidates_name_only_instantiated_kernels() -> None:
         assert cands and len(set(cands)) == len(cands)
         for cfg in cands:
             kernel_name(cfg, torch.bfloat16, glu)  # raises for a missing instantiation
-            table = (GLU_K if glu else PLAIN_K) if cfg.warp_k else (GLU if glu else PLAIN)
-            assert (cfg.rows, cfg.warps, cfg.unroll) in table
-            assert geometry(n, k, cfg).shared <= 227 * 1024
+            assert (cfg.rows, cfg.warps, cfg.unroll) in (GLU if glu else PLAIN)
     assert any(c.split_k > 1 for c in candidates(1536, 8960, False))
-    assert any(c.warp_k for c in candidates(1536, 8960, False))
-    assert not any(c.warp_k for c in candidates(2048, 1536, False))  # short rows: one warp each
     assert any(c.per_warp > 1 for c in candidates(151936, 1536, False))
     with pytest.raises(ValueError, match="no GLU kernel"):
         kernel_name(Gemv16Config(4, 4, 4), torch.bfloat16, glu=True)
@@ -386,7 +339,6 @@ def test_candidates_name_only_instantiated_kernels() -> None:
 def test_labels_name_the_config() -> None:
     assert Gemv16Config(2, 4, 4).label() == "cuda gemv16 r2w4u4"
     assert Gemv16Config(1, 8, 8, per_warp=2, split_k=4).label() == "cuda gemv16 r1w8u8t2s4"
-    assert Gemv16Config(1, 8, 4, per_warp=2, warp_k=True).label() == "cuda gemv16 r1w8u4kt2"
 
 
 @pytest.mark.parametrize(
