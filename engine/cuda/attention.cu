@@ -191,6 +191,43 @@ NIB_DEVICE void attend_tile(u32 ks, u32 vs, int valid, const u32 (&qf)[D / 16][2
   }
 }
 
+// Eight partials (max, sum; output) from load(k, ml, op) for k < n; the rest weigh nothing.
+template <class Load>
+NIB_DEVICE void gather8(int n, float2 (&ml)[8], float4 (&op)[8], Load load) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    ml[k] = make_float2(neg_inf(), 0.f);
+    op[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (k < n) load(k, ml[k], op[k]);
+  }
+}
+
+// Fold eight partials (max in log2 units, sum; unnormalised output) into a running
+// (mt, lt, o); partials with max -inf weigh nothing. Both split merges use it.
+NIB_DEVICE void fold8(const float2 (&ml)[8], const float4 (&op)[8], float& mt, float& lt, float4& o) {
+  float mn = mt;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) mn = fmaxf(mn, ml[k].x);
+  const float alpha = ex2(mt - mn);  // 0 while mt = -inf (nothing folded yet)
+  lt *= alpha;
+  o.x *= alpha, o.y *= alpha, o.z *= alpha, o.w *= alpha;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float e = ex2(ml[k].x - mn);
+    lt += e * ml[k].y;
+    o.x += e * op[k].x, o.y += e * op[k].y, o.z += e * op[k].z, o.w += e * op[k].w;
+  }
+  mt = mn;
+}
+
+// Output dims 4 d4 .. 4 d4 + 3 of query head qh: o / l in the activation dtype.
+template <bool BF16>
+NIB_DEVICE void store_out4(u16* out, int qh, int d, int d4, float4 o, float l) {
+  const float inv = 1.f / l;
+  *reinterpret_cast<uint2*>(out + (size_t)qh * d + 4 * d4) =
+      make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+}
+
 // Dynamic shared memory, in order: NW warps x STAGES x (K tile, V tile); the rotated
 // queries [8][D] (swizzled); the new k and v rows [2][D]; per-warp max and sum [2][NW][8];
 // the last-block flag. attention.py's shared_bytes() mirrors this.
@@ -404,9 +441,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
       o.x += e * v.x, o.y += e * v.y, o.z += e * v.z, o.w += e * v.w;
     }
     if (used == 1) {
-      const float inv = 1.f / lb;
-      *reinterpret_cast<uint2*>(a.out + (size_t)(kvh * G + h) * D + 4 * d4) =
-          make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+      store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lb);
     } else if constexpr (CLUSTER) {
       *reinterpret_cast<float4*>(cp_o + h * D + 4 * d4) = o;
       if (d4 == 0) *reinterpret_cast<float2*>(cp_ml + h * 2) = make_float2(mb, lb);
@@ -428,29 +463,14 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
         const int h = item / D4, d4 = item % D4;
         float2 ml[8];
         float4 op[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          ml[k] = make_float2(neg_inf(), 0.f);
-          op[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k < used) {
-            ml[k] = ld_cluster_f2(cluster_map(ml_base + h * 8, k));
-            op[k] = ld_cluster_f4(cluster_map(o_base + (h * D + 4 * d4) * 4, k));
-          }
-        }
-        float mn = neg_inf();
-#pragma unroll
-        for (int k = 0; k < 8; ++k) mn = fmaxf(mn, ml[k].x);
-        float lt = 0.f;
+        gather8(used, ml, op, [&](int k, float2& m, float4& o) {
+          m = ld_cluster_f2(cluster_map(ml_base + h * 8, k));
+          o = ld_cluster_f4(cluster_map(o_base + (h * D + 4 * d4) * 4, k));
+        });
+        float mt = neg_inf(), lt = 0.f;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float e = ex2(ml[k].x - mn);
-          lt += e * ml[k].y;
-          o.x += e * op[k].x, o.y += e * op[k].y, o.z += e * op[k].z, o.w += e * op[k].w;
-        }
-        const float inv = 1.f / lt;
-        *reinterpret_cast<uint2*>(a.out + (size_t)(kvh * G + h) * D + 4 * d4) =
-            make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+        fold8(ml, op, mt, lt, o);
+        store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lt);
       }
     }
     cluster_sync();
@@ -473,34 +493,14 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
     for (int s0 = 0; s0 < used; s0 += 8) {
       float2 ml[8];
       float4 op[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        ml[k] = make_float2(neg_inf(), 0.f);
-        op[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s0 + k < used) {
-          const size_t row = ((size_t)kvh * splits + s0 + k) * G + h;
-          ml[k].x = ld_cg(a.ml_part + row * 2);
-          ml[k].y = ld_cg(a.ml_part + row * 2 + 1);
-          op[k] = ld_cg4(reinterpret_cast<const float4*>(a.o_part + row * D) + d4);
-        }
-      }
-      float mn = mt;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) mn = fmaxf(mn, ml[k].x);
-      const float alpha = ex2(mt - mn);
-      lt *= alpha;
-      o.x *= alpha, o.y *= alpha, o.z *= alpha, o.w *= alpha;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float e = ex2(ml[k].x - mn);
-        lt += e * ml[k].y;
-        o.x += e * op[k].x, o.y += e * op[k].y, o.z += e * op[k].z, o.w += e * op[k].w;
-      }
-      mt = mn;
+      gather8(used - s0, ml, op, [&](int k, float2& m, float4& o) {
+        const size_t row = ((size_t)kvh * splits + s0 + k) * G + h;
+        m = make_float2(ld_cg(a.ml_part + row * 2), ld_cg(a.ml_part + row * 2 + 1));
+        o = ld_cg4(reinterpret_cast<const float4*>(a.o_part + row * D) + d4);
+      });
+      fold8(ml, op, mt, lt, o);
     }
-    const float inv = 1.f / lt;
-    *reinterpret_cast<uint2*>(a.out + (size_t)(kvh * G + h) * D + 4 * d4) =
-        make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
+    store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lt);
   }
   if (tid == 0) a.counters[kvh] = 0;  // ready for the next launch (the next layer)
 }
