@@ -6,8 +6,9 @@ Wraps (at run time, nothing in the service changes) the functions a Complete cal
 passes through and records (label, time.perf_counter_ns()) for each; at exit the list
 goes to OUT.json. Only a request's first pass through a probe counts (see
 wire_trace.split). NIB_TRACE_STUB="PREFILL_MS,STEP_MS" replaces the model's forward by a
-wait of that long with the GIL released and flat logits: what the host does around a
-GPU engine, without a GPU (the CPU engine's kernels would hold both cores otherwise).
+wait of that long with the GIL released and logits that always pick one ordinary token
+(the middle id of the vocabulary): what the host does around a GPU engine, without a
+GPU (the CPU engine's kernels would hold both cores otherwise).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def stub_model(prefill_ms: float, step_ms: float) -> None:
     ) -> torch.Tensor:
         last_only = kw.get("last_only", False)
         time.sleep((prefill_ms if last_only else step_ms) / 1e3)
-        return torch.zeros(1, 1 if last_only else tokens.shape[1], self.cfg.vocab_size)
+        logits = torch.zeros(1, 1 if last_only else tokens.shape[1], self.cfg.vocab_size)
+        # One ordinary token wins (flat logits would pick id 0, end-of-text in the shipped
+        # tokenizer, and every completion would end at its first token).
+        logits[..., self.cfg.vocab_size // 2] = 1.0
+        return logits
 
     model.Transformer.forward = forward  # type: ignore[method-assign]
 
