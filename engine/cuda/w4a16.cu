@@ -29,17 +29,8 @@
 // to arrive (an atomic counter it resets) finishes. One launch, graph-safe.
 //
 // Rows: M = 1 stages the activation slice in shared memory as fp16, after the
-// optional RMSNorm (the block sums the squares of the whole row first), with the sum
-// X of each group's 128 staged activations; M = 2..16 reads fp16 activations from
-// global memory (MT = 2 n8 tiles above 8 rows).
-//
-// At M = 1 the weights go into the mma still offset: 1024 + q for row g and 1024 + 16 q
-// for row g + 8, which is what the lop3 alone makes of a nibble (exact fp16 values).
-// The group's sums then come out as S = sum((1024 + q) x) and sum((1024 + 16 q) x), and
-// sum((q - 8) x) = S - 1032 X (row g) or S / 16 - 72 X (row g + 8): two fp32 ops a
-// group instead of an fp16 subtract or multiply-add for every pair of weights, which
-// takes the dequantisation from 9 to 5 instructions a word. M = 2..16 rows keep the
-// exact codes (dequant8): their X would differ per row.
+// optional RMSNorm (the block sums the squares of the whole row first); M = 2..16
+// reads fp16 activations from global memory (MT = 2 n8 tiles above 8 rows).
 // Epilogues: plain (+bias), residual add in place, SiLU(gate) * up (the "glu"
 // packing puts gate channels 8i..8i+7 on tile rows 0-7 and up channels on 8-15),
 // and plain output of a glu-packed weight in [gate | up] order.
@@ -86,17 +77,6 @@ NIB_DEVICE void dequant8(u32 q, u32 (&a)[4]) {
   a[1] = hfma2(hi0, MUL, ADD);
   a[2] = hsub2(lo1, SUB);
   a[3] = hfma2(hi1, MUL, ADD);
-}
-
-// The four A-fragment registers of a word still offset (see the top): rows g and g + 8
-// as 1024 + q and 1024 + 16 q, the lop3 alone.
-NIB_DEVICE void offset8(u32 q, u32 (&a)[4]) {
-  const u32 LO = 0x000f000fu, HI = 0x00f000f0u, EX = 0x64006400u;
-  a[0] = lop3<0xEA>(q, LO, EX);
-  a[1] = lop3<0xEA>(q, HI, EX);
-  q >>= 8;
-  a[2] = lop3<0xEA>(q, LO, EX);
-  a[3] = lop3<0xEA>(q, HI, EX);
 }
 
 // Logical output row of tile row rr (0..15) of tile t, for packings 0 (natural) and glu.
@@ -187,26 +167,12 @@ NIB_DEVICE float sum_squares(uint4 v, bool xbf) {
   return ss;
 }
 
-// Sum of a group's 16 staged vectors (128 fp16 activations) across the half-warp that
-// holds them (vector i at lane i % 16: a group is 16 aligned vectors), into xsum by
-// its first lane. The caller's condition must be the same for the whole half-warp.
-NIB_DEVICE void group_sum(uint4 v, int i, int s0, float* xsum) {
-  const u32 w[4] = {v.x, v.y, v.z, v.w};
-  float sum = 0.f;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) sum += lo_h2f(w[e]) + hi_h2f(w[e]);
-  const unsigned half = 0xffffu << (threadIdx.x & 16);
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(half, sum, o);
-  if ((threadIdx.x & 15) == 0) xsum[(i - s0) >> 4] = sum;
-}
-
 // One row of activations -> fp16 in shared memory (this block's K slice), after the
-// optional RMSNorm over the whole row, and each group's sum X into xsum. A row of up to
-// THREADS * HELD vectors is read once, into registers (one trip to L2 before the
-// barrier); longer rows twice. Ends with a barrier.
+// optional RMSNorm over the whole row. A row of up to THREADS * HELD vectors is read
+// once, into registers (one trip to L2 before the barrier); longer rows twice. Ends
+// with a barrier.
 template <int THREADS>
-NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* xsum, float* scratch) {
+NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch) {
   constexpr int HELD = 4;
   const bool xbf = a.x_bf16 != 0;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
@@ -215,11 +181,8 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* xsum, f
   const int nvec = a.k >> 3;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   if (!a.norm) {
-    for (int i = s0 + threadIdx.x; i < s1; i += THREADS) {
-      const uint4 h = to_fp16(ld_nc(x8 + i), zero, false, 1.f, xbf);
-      reinterpret_cast<uint4*>(xs)[i - s0] = h;
-      group_sum(h, i, s0, xsum);
-    }
+    for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), zero, false, 1.f, xbf);
     __syncthreads();
     return;
   }
@@ -239,21 +202,15 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* xsum, f
 #pragma unroll
     for (int j = 0; j < HELD; ++j) {
       const int i = threadIdx.x + j * THREADS;
-      if (i >= s0 && i < s1) {
-        const uint4 h = to_fp16(v[j], nv[j], true, inv, xbf);
-        reinterpret_cast<uint4*>(xs)[i - s0] = h;
-        group_sum(h, i, s0, xsum);
-      }
+      if (i >= s0 && i < s1)
+        reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(v[j], nv[j], true, inv, xbf);
     }
   } else {
     for (int i = threadIdx.x; i < nvec; i += THREADS) ss += sum_squares(ld_nc(x8 + i), xbf);
     ss = block_sum(ss, scratch);
     const float inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
-    for (int i = s0 + threadIdx.x; i < s1; i += THREADS) {
-      const uint4 h = to_fp16(ld_nc(x8 + i), ld_nc(n8 + i), true, inv, xbf);
-      reinterpret_cast<uint4*>(xs)[i - s0] = h;
-      group_sum(h, i, s0, xsum);
-    }
+    for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), ld_nc(n8 + i), true, inv, xbf);
   }
   __syncthreads();
 }
@@ -286,11 +243,9 @@ NIB_DEVICE void zero(float (&a)[R][MT][4]) {
 }
 
 // acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
-// SMEM_X (one row): offset weights, corrected with the group's activation sum (top).
 template <int MT, int R, bool SMEM_X>
-NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, const float* xsum,
-                          int grp, const uint4 (&w)[R][2], const u32 (&s)[R],
-                          float (&acc)[R][MT][4]) {
+NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
+                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
   float part[R][MT][4];
   zero(part);
 #pragma unroll
@@ -304,30 +259,21 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         u32 frag[4];
-        if constexpr (SMEM_X) offset8(words[j], frag);
-        else dequant8(words[j], frag);
+        dequant8(words[j], frag);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, bx[mt][2 * j], bx[mt][2 * j + 1]);
       }
     }
   }
-  // Exact codes: acc += part x scale. Offset (SMEM_X): row g's part is S = sum((1024 +
-  // q) x), its sum((q - 8) x) = S - 1032 X; row g + 8's S = sum((1024 + 16 q) x) gives
-  // (S - 1152 X) / 16, the 1/16 folded into its scale.
-  float c0 = 0.f, c1 = 0.f, unit = 1.f;
-  if constexpr (SMEM_X) {
-    const float x = xsum[grp - b.gb0];
-    c0 = 1032.f * x, c1 = 1152.f * x, unit = 0.0625f;
-  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]) * unit;
+    const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      acc[r][mt][0] += (part[r][mt][0] - c0) * s0;
-      acc[r][mt][1] += (part[r][mt][1] - c0) * s0;
-      acc[r][mt][2] += (part[r][mt][2] - c1) * s1;
-      acc[r][mt][3] += (part[r][mt][3] - c1) * s1;
+      acc[r][mt][0] += part[r][mt][0] * s0;
+      acc[r][mt][1] += part[r][mt][1] * s0;
+      acc[r][mt][2] += part[r][mt][2] * s1;
+      acc[r][mt][3] += part[r][mt][3] * s1;
     }
   }
 }
@@ -457,10 +403,9 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   pdl_wait();
 
   u16* xs = reinterpret_cast<u16*>(smem);
-  float* xsum = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
-  float* red = xsum + (SMEM_X ? (a.groups_per_split + 3) & ~3 : 0);
+  float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
-  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, xsum, scratch);
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
   zero(acc);
@@ -469,7 +414,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     for (int p = 0; p < PF; ++p) {
       const int i = base + p;
       if (i < n_w) {
-        mma_group<MT, R, SMEM_X>(a, b, xs, xsum, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
+        mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
         if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
       }
     }
@@ -493,9 +438,8 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   unsigned char* ssm = wsm + NS * R * WBYTES;                  // [NS][R][SBYTES]
   u64* bars = reinterpret_cast<u64*>(ssm + NS * R * SBYTES);   // [NS]
   u16* xs = reinterpret_cast<u16*>(bars + 2 * NS);
-  float* xsum = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xs) +
-                                         (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
-  float* red = xsum + (SMEM_X ? (a.groups_per_split + 3) & ~3 : 0);
+  float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xs) +
+                                        (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -521,7 +465,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
   pdl_wait();
-  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, xsum, scratch);
+  if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
   zero(acc);
@@ -539,7 +483,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
         w[r][1] = ws[(b.warp * 2 + 1) * 32 + b.lane];
         s[r] = reinterpret_cast<const u32*>(ssm + (stage * R + r) * SBYTES)[b.warp * 8 + b.g];
       }
-      mma_group<MT, R, SMEM_X>(a, b, xs, xsum, grp, w, s, acc);
+      mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
     }
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);

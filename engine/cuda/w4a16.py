@@ -173,7 +173,6 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     """Dynamic shared memory of a launch, laid out as w4a16.cu's bodies do."""
     frag = cfg.r * mt * 4
     total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
-    total += -(-groups_per_split // 4) * 16 if staged else 0  # its group sums (fp32)
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
     if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
