@@ -193,27 +193,28 @@ def run_nib(
     row["capture_s"] = capture_s  # incl. the step tuning
     if use_graphs:
         row["step_tuning"] = runner.step_tuning
-        row.update(profile_decode_step(runner))
+        row.update(profile_decode_step(runner, position=len(prompt) + new // 2))
     del runner
     return row
 
 
-def profile_decode_step(runner) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def profile_decode_step(runner, position: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Kernels per decode step and their summed time (eager run of the step body under the
-    profiler) against the graph replay time of the same step: the difference is the gaps."""
+    profiler) against the graph replay time of the same step, at `position` (the run's
+    mid-decode position: attention's share grows with it): the difference is the gaps."""
     from torch.profiler import ProfilerActivity, profile
 
     steps = 5
     name = runner._decode_name(0, True)
     body, graph = runner.bodies[name], runner.graphs.get(name)
     with torch.cuda.stream(runner.stream), torch.inference_mode():
-        runner.pos.fill_(300)
+        runner.pos.fill_(position)
         body()
     runner.stream.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         with torch.cuda.stream(runner.stream), torch.inference_mode():
             for _ in range(steps):
-                runner.pos.fill_(300)
+                runner.pos.fill_(position)
                 body()
         runner.stream.synchronize()
     kernels = [
@@ -243,6 +244,7 @@ def profile_decode_step(runner) -> dict[str, float]:  # type: ignore[no-untyped-
         end.synchronize()
         replay_us = start.elapsed_time(end) * 1e3 / 50
     return {
+        "profile_position": position,
         "kernels_top": breakdown,
         "kernels_per_step": len(kernels) / steps - fills,
         "kernel_sum_us": kernel_us,
@@ -350,37 +352,46 @@ def readme_table(result: dict) -> list[str]:  # type: ignore[type-arg]
 
 
 BEFORE = ROOT / "bench" / "results" / "2026-11-29-decode.json"  # the Triton-only engine
+PROFILE_POSITION_BEFORE = 300  # where profile_decode_step profiled every row until 2026-12-01
 
 
 def profile_table(result: dict, before: dict | None = None) -> list[str]:  # type: ignore[type-arg]
     """Kernels per decode step and the graph replay against the sum of its kernels' times
-    (profile_decode_step), for nib's graph rows; `before`: the same columns from an
-    earlier result where it has the row. Sum above replay means kernels overlap
-    (programmatic dependent launch); below it, the difference is gaps between kernels."""
+    (profile_decode_step), for nib's graph rows at the position each was profiled at
+    (rows without one were profiled at PROFILE_POSITION_BEFORE); `before`: the same
+    columns from an earlier result where it has the row. Sum above replay means kernels
+    overlap (programmatic dependent launch); below it, the difference is gaps between
+    kernels."""
     old = {(r["shape"], r["impl"], r["context"]): r for r in (before or {}).get("rows", [])}
     table = [
-        "| shape | impl | kernels / step | kernel sum µs | replay µs | replay - sum µs "
-        "| before: kernels | sum µs | replay µs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| shape | impl | context | at position | kernels / step | kernel sum µs | replay µs "
+        "| replay - sum µs | before: kernels | sum µs | replay µs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {shape: i for i, shape in enumerate(SHAPES)}
-    # profile_decode_step profiles at position 300 whatever the row's context: one row
-    # per shape and impl (the shortest context).
+    # Rows profiled before profile_position was recorded were all profiled at one
+    # position, whatever their context: of those, one row per shape and impl.
     seen: set[tuple[str, str]] = set()
     rows = []
     for r in sorted(result["rows"], key=lambda r: r["context"]):
-        if "graph_replay_us" in r and (r["shape"], r["impl"]) not in seen:
+        if "graph_replay_us" not in r:
+            continue
+        if "profile_position" not in r:
+            if (r["shape"], r["impl"]) in seen:
+                continue
             seen.add((r["shape"], r["impl"]))
-            rows.append(r)
-    for r in sorted(rows, key=lambda r: (order.get(r["shape"], len(order)), r["impl"])):
+        rows.append(r)
+    key = lambda r: (order.get(r["shape"], len(order)), r["impl"], r["context"])  # noqa: E731
+    for r in sorted(rows, key=key):
         b = old.get((r["shape"], r["impl"], r["context"]))
         then = (
             f"{b['kernels_per_step']:.0f} | {b['kernel_sum_us']:.0f} | {b['graph_replay_us']:.0f}"
             if b and "graph_replay_us" in b
             else "- | - | -"
         )
+        at = r.get("profile_position", PROFILE_POSITION_BEFORE)
         table.append(
-            f"| {r['shape']} | {r['impl']} | {r['kernels_per_step']:.0f} | "
+            f"| {r['shape']} | {r['impl']} | {r['context']} | {at} | {r['kernels_per_step']:.0f} | "
             f"{r['kernel_sum_us']:.0f} | {r['graph_replay_us']:.0f} | "
             f"{r['graph_replay_us'] - r['kernel_sum_us']:+.0f} | {then} |"
         )
@@ -392,7 +403,7 @@ def profile_caption(result: dict, before: dict | None) -> str:  # type: ignore[t
         f"; before: the same rows on {before['date']} (`results/{BEFORE.name}`)" if before else ""
     )
     return (
-        f"One decode step of each nib graph path at position 300, its body run eagerly under "
+        f"One decode step of each nib graph row at the position given, its body run eagerly under "
         f"the CUDA profiler (kernel count and summed kernel time) and its graph replayed "
         f"({result['date']}, `bench/decode.py`){since}"
     )

@@ -1,6 +1,7 @@
 """bench/README.md's decode tables hold exactly what bench/decode.py makes of the committed
 results (the numbers in the README are the JSON's, not typed in), and the profile table
-keeps one row per path: the profile is taken at one position whatever the row's context."""
+lists each row at the position it was profiled at (rows from before that was recorded,
+all profiled at one position: one per path)."""
 
 from __future__ import annotations
 
@@ -50,22 +51,36 @@ def test_the_readme_tables_are_the_results(decode: ModuleType) -> None:
     assert lines[2:] == decode.profile_table(result, before)
 
 
-def test_the_profile_table_has_one_row_per_path_and_signs_the_overlap(
+def _row(shape: str, impl: str, context: int, kernels: float, total: float, replay: float):  # type: ignore[no-untyped-def]
+    return {"shape": shape, "impl": impl, "context": context, "kernels_per_step": kernels,
+            "kernel_sum_us": total, "graph_replay_us": replay}  # fmt: skip
+
+
+def test_the_profile_table_keeps_one_row_per_path_of_unpositioned_profiles(
     decode: ModuleType,
 ) -> None:
-    def row(shape: str, impl: str, context: int, kernels: float, total: float, replay: float):  # type: ignore[no-untyped-def]
-        return {"shape": shape, "impl": impl, "context": context, "kernels_per_step": kernels,
-                "kernel_sum_us": total, "graph_replay_us": replay}  # fmt: skip
-
     result = {
         "rows": [
-            row("llama-2-7b", "nib-graphs", 4096, 164, 4000.0, 3900.0),
-            row("llama-2-7b", "nib-graphs", 640, 164, 3781.0, 3528.0),
+            _row("llama-2-7b", "nib-graphs", 4096, 164, 4000.0, 3900.0),
+            _row("llama-2-7b", "nib-graphs", 640, 164, 3781.0, 3528.0),
             {"shape": "llama-2-7b", "impl": "hf-eager", "context": 640},
         ]
     }
-    before = {"rows": [row("llama-2-7b", "nib-graphs", 640, 207, 4377.0, 4443.0)]}
+    before = {"rows": [_row("llama-2-7b", "nib-graphs", 640, 207, 4377.0, 4443.0)]}
     table = decode.profile_table(result, before)
     assert len(table) == 3  # header, rule, one row: the shortest context's
-    assert table[2] == "| llama-2-7b | nib-graphs | 164 | 3781 | 3528 | -253 | 207 | 4377 | 4443 |"
+    assert table[2] == (
+        "| llama-2-7b | nib-graphs | 640 | 300 | 164 | 3781 | 3528 | -253 | 207 | 4377 | 4443 |"
+    )
     assert decode.profile_table(result)[2].endswith("| - | - | - |")
+
+
+def test_the_profile_table_lists_every_positioned_row_at_its_position(decode: ModuleType) -> None:
+    long, short = (_row("llama-2-7b", "nib-int4-graphs", c, 164, t, r)
+                   for c, t, r in ((4096, 2200.0, 1950.0), (640, 1748.0, 1498.0)))  # fmt: skip
+    long["profile_position"], short["profile_position"] = 4032, 576
+    table = decode.profile_table({"rows": [long, short]})
+    assert table[2:] == [
+        "| llama-2-7b | nib-int4-graphs | 640 | 576 | 164 | 1748 | 1498 | -250 | - | - | - |",
+        "| llama-2-7b | nib-int4-graphs | 4096 | 4032 | 164 | 2200 | 1950 | -250 | - | - | - |",
+    ]
