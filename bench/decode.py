@@ -400,7 +400,10 @@ def profile_table(result: dict, before: dict | None = None) -> list[str]:  # typ
 
 def profile_caption(result: dict, before: dict | None) -> str:  # type: ignore[type-arg]
     since = (
-        f"; before: the same rows on {before['date']} (`results/{BEFORE.name}`)" if before else ""
+        f"; before: the same rows on {before['date']} (`results/{BEFORE.name}`), profiled at "
+        f"position {PROFILE_POSITION_BEFORE}"
+        if before
+        else ""
     )
     return (
         f"One decode step of each nib graph row at the position given, its body run eagerly under "
