@@ -218,7 +218,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="only the first 4 Triton tiles (each compiles; every CUDA config still runs)",
     )
     p.add_argument("--budget-s", type=float, default=420.0, help="time for trying configs")
