@@ -14,7 +14,7 @@ import torch
 from nib.engine.cuda import build, loader
 from tests.unit.cuda_tools import nvcc_or_skip
 
-SOURCES = loader.SOURCES
+SOURCES = (*loader.SOURCES, "probe.cu")  # probe.cu: bench/micro_boundary.py only
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])

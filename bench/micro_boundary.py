@@ -1,0 +1,163 @@
+"""What a kernel boundary costs on this GPU: the floor under a kernel-per-op decode step.
+
+    python3 bench/micro_boundary.py --out bench/results
+
+A decode step is ~150 small dependent kernels (bench/README.md, the decode profile).
+engine/cuda/probe.cu's probe_stream is the least such a kernel can be: each block
+streams its share of S bytes (16-byte loads, 8 in flight per thread, issued before
+griddepcontrol.wait as nib's GEMVs issue their weight loads), sums them, and adds the
+previous launch's output to its own (the data dependency one layer has on the one
+before). Timed back to back inside one CUDA graph (bench-wide habit: median of
+replays, per call), with and without programmatic dependent launch, for grids of 132
+to 1056 blocks of 256 threads and S from 0 (a pure boundary: wait, read, write) to
+32 MB. Every call reads a different region of one 512 MB buffer, so nothing sits
+in the 60 MiB L2.
+
+Fit per grid and launch mode: t(S) = a + S / b, least squares over S > 0; `a` is the
+fixed cost per kernel (launch, ramp, tail, the wait for the previous kernel), `b`
+the streaming rate. Napkin math: the copy bandwidth (~4.2 TB/s) gives b; a
+Qwen2.5-1.5B decode step has 144 kernels, so every microsecond of `a` is ~0.14 ms
+a token, against a 0.73 ms floor (bf16).
+Writes bench/results/<date>-micro-boundary.json (date, device, torch, command,
+copy_bandwidth_gbps, rows, fits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbps, device_name
+
+from nib.engine.cuda.timing import graph_us
+
+BLOCKS = (132, 264, 528, 1056)
+MBYTES = (0.0, 0.5, 2.0, 8.0, 32.0)
+THREADS = 256
+POOL_BYTES = 512 << 20  # >> 60 MiB of L2
+L2_BYTES = 60 << 20
+
+
+class ProbeArgs(ctypes.Structure):
+    _fields_ = [
+        ("src", ctypes.c_void_p),
+        ("prev", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("per_block", ctypes.c_int),
+    ]
+
+
+def calls_for(nbytes: int) -> int:
+    """Calls per graph: enough distinct regions that the graph touches more than L2."""
+    if nbytes == 0:
+        return 200
+    return max(40, min(400, -(-2 * L2_BYTES // nbytes)))
+
+
+def time_case(kernel, pool: torch.Tensor, blocks: int, nbytes: int, pdl: bool) -> float:  # type: ignore[no-untyped-def]
+    per_block = nbytes // 16 // blocks
+    region = per_block * blocks * 16
+    calls = calls_for(region)
+    slots = max(1, min(calls, POOL_BYTES // max(region, 1)))
+    outs = [torch.zeros(blocks, device="cuda") for _ in range(2)]
+    fns = []
+    for i in range(calls):
+        src = pool.data_ptr() + (i % slots) * region
+        args = ProbeArgs(src, outs[i % 2].data_ptr(), outs[(i + 1) % 2].data_ptr(), per_block)
+        fns.append(lambda a=args: kernel.launch((blocks,), (THREADS,), a, 128, pdl=pdl))
+    return graph_us(fns, calls=calls)
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(a us, b GB/s) of t = a + S / b, least squares over (S bytes, t us)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, 1e-3 / slope
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/micro_boundary.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    from nib.engine.cuda.loader import module, pdl
+
+    device = torch.device("cuda")
+    kernel = module("probe.cu", device).kernel("probe_stream")
+    bandwidth = copy_bandwidth_gbps()
+    print(f"device-to-device copy bandwidth: {bandwidth:.0f} GB/s", flush=True)
+    pool = torch.randint(0, 1 << 30, (POOL_BYTES // 4,), device=device, dtype=torch.int32)
+    modes = (True, False) if pdl(device) else (False,)
+    rows = []
+    for blocks in BLOCKS:
+        for use_pdl in modes:
+            for mb in MBYTES:
+                nbytes = int(mb * (1 << 20))
+                us = time_case(kernel, pool, blocks, nbytes, use_pdl)
+                row = {"blocks": blocks, "pdl": use_pdl, "mbytes": mb, "us_per_call": us}
+                if nbytes:
+                    row["gbps"] = nbytes / us / 1e3
+                rows.append(row)
+                print(
+                    f"  blocks {blocks:5d}  pdl {int(use_pdl)}  {mb:5.1f} MB  {us:8.2f} us"
+                    + (f"  {row['gbps']:6.0f} GB/s" if nbytes else ""),
+                    flush=True,
+                )
+    fits = []
+    for blocks in BLOCKS:
+        for use_pdl in modes:
+            pts = [
+                (r["mbytes"] * (1 << 20), r["us_per_call"])
+                for r in rows
+                if r["blocks"] == blocks and r["pdl"] == use_pdl and r["mbytes"] > 0
+            ]
+            a, b = fit(pts)
+            empty = next(
+                r["us_per_call"]
+                for r in rows
+                if r["blocks"] == blocks and r["pdl"] == use_pdl and r["mbytes"] == 0
+            )
+            fits.append(
+                {
+                    "blocks": blocks,
+                    "pdl": use_pdl,
+                    "fixed_us": a,
+                    "stream_gbps": b,
+                    "empty_us": empty,
+                }
+            )
+            print(
+                f"fit blocks {blocks:5d} pdl {int(use_pdl)}: {a:5.2f} us + S / {b:5.0f} GB/s "
+                f"(empty kernel {empty:5.2f} us)",
+                flush=True,
+            )
+    date = datetime.date.today().isoformat()
+    result = {
+        "date": date,
+        "device": device_name(),
+        "torch": torch.__version__,
+        "command": "python3 " + " ".join(["bench/micro_boundary.py", *sys.argv[1:]]),
+        "copy_bandwidth_gbps": bandwidth,
+        "rows": rows,
+        "fits": fits,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{date}-micro-boundary.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
