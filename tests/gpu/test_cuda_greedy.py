@@ -298,7 +298,8 @@ def test_runner_token_healing_and_verify_equal_the_torch_path(runners) -> None: 
         r.prefill(PROMPT, True).synchronize()
         first = r.read(2)
         r.set_first_bias(None)
-        rows, logprobs = r._verify([first[0], 10, 20, 30], len(PROMPT), 4)
+        r.launch_verify([first[0], 10, 20, 30], len(PROMPT)).synchronize()
+        rows, logprobs = r.read_verify(4)
         results.append((first, rows, logprobs))
     (first_a, rows_a, lp_a), (first_b, rows_b, lp_b) = results
     assert first_a[0] == first_b[0] >= vocab // 2
