@@ -1,9 +1,13 @@
-"""Shared by the benchmarks: the copy-bandwidth ceiling, device naming, README tables."""
+"""Shared by the benchmarks: the copy-bandwidth ceiling, device naming, result files, README tables."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +35,26 @@ def copy_bandwidth_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
 def device_name() -> str:
     props = torch.cuda.get_device_properties(0)
     return f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)"
+
+
+def write_result(
+    out: Path, name: str, script: str, fields: dict[str, Any], indent: int = 2
+) -> Path:
+    """out/<date>-<name>.json: date, device, torch and the command (`python3 bench/<script>`
+    with this process's arguments) first, then `fields`. Returns the path."""
+    date = datetime.date.today().isoformat()
+    result = {
+        "date": date,
+        "device": device_name(),
+        "torch": torch.__version__,
+        "command": "python3 " + " ".join([f"bench/{script}", *sys.argv[1:]]),
+        **fields,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{date}-{name}.json"
+    path.write_text(json.dumps(result, indent=indent) + "\n")
+    print(f"wrote {path}")
+    return path
 
 
 def write_readme_table(section: str, caption: str, lines: list[str]) -> None:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbps, device_name
+from common import copy_bandwidth_gbps, write_result
 
 from nib.engine.cuda.timing import graph_us
 
@@ -142,20 +140,8 @@ def main() -> int:
                 f"(empty kernel {empty:5.2f} us)",
                 flush=True,
             )
-    date = datetime.date.today().isoformat()
-    result = {
-        "date": date,
-        "device": device_name(),
-        "torch": torch.__version__,
-        "command": "python3 " + " ".join(["bench/micro_boundary.py", *sys.argv[1:]]),
-        "copy_bandwidth_gbps": bandwidth,
-        "rows": rows,
-        "fits": fits,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{date}-micro-boundary.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    fields = {"copy_bandwidth_gbps": bandwidth, "rows": rows, "fits": fits}
+    write_result(args.out, "micro-boundary", "micro_boundary.py", fields)
     return 0
 
 
