@@ -4,6 +4,15 @@
 // ramp of a kernel that streams a few MB set how close a kernel-per-op design can get
 // to the floor.
 //
+// probe_phases: the same work as `phases` launches of probe_stream, in one persistent
+// launch whose blocks meet at a grid-wide barrier between phases instead of at kernel
+// boundaries (every block must be resident at once: the bench sizes the grid by the
+// occupancy query). A phase's loads are issued before the block waits for the previous
+// phase (as the next kernel's weights before griddepcontrol.wait), and its output adds
+// a neighbouring block's output of the previous phase, so a barrier that lets a block
+// through early shows up as a wrong sum. A wait that spins past its limit sets *err
+// and gives up rather than hanging the GPU.
+//
 // probe_stream: each block sums its `per_block` 16-byte vectors of `src` and writes one
 // float, then adds the previous launch's value of its slot (the data dependency a layer
 // has on the one before). Loads are issued before griddepcontrol.wait, as nib's GEMVs
@@ -45,3 +54,94 @@ NIB_DEVICE void probe_body(const ProbeArgs& a) {
 }
 
 extern "C" __global__ void __launch_bounds__(256) probe_stream(const ProbeArgs a) { probe_body<8>(a); }
+
+// ---- the grid barrier of probe_phases ----------------------------------------------
+NIB_DEVICE unsigned ld_acquire_u32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+NIB_DEVICE void st_release_u32(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+struct PhaseArgs {
+  const uint4* src;  // [phases][blocks][per_block] 16-byte vectors (phase regions may repeat)
+  float* out;        // [phases][blocks]
+  unsigned* count;   // arrivals at the current barrier, zero between launches
+  unsigned* gen;     // barrier generation: grows by `phases` per launch, never reset
+  int* err;          // set when a wait gave up
+  long long region;  // vectors between consecutive phases' data (wraps modulo `wrap`)
+  long long wrap;    // vectors in the source pool
+  int per_block;
+  int phases;
+  int spin_limit;
+};
+
+// This block has written its output of the phase: count it in; the last block in starts
+// the next generation (count back to zero first, published by the release store).
+NIB_DEVICE void grid_arrive(const PhaseArgs& a, unsigned next_gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(a.count, 1u) == gridDim.x - 1) {
+      *a.count = 0u;
+      __threadfence();
+      st_release_u32(a.gen, next_gen);
+    }
+  }
+}
+
+// Until every block has arrived at generation `target` (or the spin limit).
+NIB_DEVICE void grid_wait(const PhaseArgs& a, unsigned target) {
+  if (threadIdx.x == 0) {
+    int spins = 0;
+    while ((int)(ld_acquire_u32(a.gen) - target) < 0) {
+      if (++spins > a.spin_limit) {
+        atomicExch(a.err, 1);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <int U>
+NIB_DEVICE void phases_body(const PhaseArgs& a) {
+  extern __shared__ float scratch[];
+  __shared__ unsigned base;
+  const int nb = gridDim.x, step = (int)blockDim.x;
+  if (threadIdx.x == 0) base = ld_acquire_u32(a.gen);
+  __syncthreads();
+  const unsigned g0 = base;
+  uint4 buf[U];
+  for (int ph = 0; ph < a.phases; ++ph) {
+    const long long off = ((long long)ph * a.region) % a.wrap;
+    const uint4* p = a.src + off + (size_t)blockIdx.x * a.per_block;
+    auto fill = [&](int i) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        buf[u] = i + u * step < a.per_block ? ld_stream(p + i + u * step) : make_uint4(0, 0, 0, 0);
+    };
+    int i = threadIdx.x;
+    fill(i);  // this phase's "weights": independent of the previous phase
+    if (ph > 0) grid_wait(a, g0 + ph);  // the previous phase's outputs are all written
+    float s = 0.f;
+    for (;;) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) s += (float)(buf[u].x & 1u) + (float)(buf[u].w & 1u);
+      i += U * step;
+      if (i >= a.per_block) break;
+      fill(i);
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+      const float prev = ph > 0 ? ld_cg(a.out + (size_t)(ph - 1) * nb + (blockIdx.x + 1) % nb) : 0.f;
+      a.out[(size_t)ph * nb + blockIdx.x] = s + prev;
+    }
+    grid_arrive(a, g0 + ph + 1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) probe_phases(const PhaseArgs a) { phases_body<8>(a); }
+
