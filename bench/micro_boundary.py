@@ -76,10 +76,8 @@ def time_case(kernel, pool: torch.Tensor, blocks: int, nbytes: int, pdl: bool) -
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(a us, b GB/s) of t = a + S / b, least squares over (S bytes, t us)."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, 1e-3 / slope
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    return intercept, 1e-3 / slope
 
 
 def main() -> int:
@@ -97,35 +95,25 @@ def main() -> int:
     print(f"device-to-device copy bandwidth: {bandwidth:.0f} GB/s", flush=True)
     pool = torch.randint(0, 1 << 30, (POOL_BYTES // 4,), device=device, dtype=torch.int32)
     modes = (True, False) if pdl(device) else (False,)
-    rows = []
+    rows, fits = [], []
     for blocks in BLOCKS:
         for use_pdl in modes:
+            group = []
             for mb in MBYTES:
                 nbytes = int(mb * (1 << 20))
                 us = time_case(kernel, pool, blocks, nbytes, use_pdl)
                 row = {"blocks": blocks, "pdl": use_pdl, "mbytes": mb, "us_per_call": us}
                 if nbytes:
                     row["gbps"] = nbytes / us / 1e3
-                rows.append(row)
+                group.append(row)
                 print(
                     f"  blocks {blocks:5d}  pdl {int(use_pdl)}  {mb:5.1f} MB  {us:8.2f} us"
                     + (f"  {row['gbps']:6.0f} GB/s" if nbytes else ""),
                     flush=True,
                 )
-    fits = []
-    for blocks in BLOCKS:
-        for use_pdl in modes:
-            pts = [
-                (r["mbytes"] * (1 << 20), r["us_per_call"])
-                for r in rows
-                if r["blocks"] == blocks and r["pdl"] == use_pdl and r["mbytes"] > 0
-            ]
-            a, b = fit(pts)
-            empty = next(
-                r["us_per_call"]
-                for r in rows
-                if r["blocks"] == blocks and r["pdl"] == use_pdl and r["mbytes"] == 0
-            )
+            rows += group
+            a, b = fit([(r["mbytes"] * (1 << 20), r["us_per_call"]) for r in group if r["mbytes"]])
+            empty = group[MBYTES.index(0.0)]["us_per_call"]
             fits.append(
                 {
                     "blocks": blocks,
