@@ -381,8 +381,8 @@ def profile_table(result: dict, before: dict | None = None) -> list[str]:  # typ
                 continue
             seen.add((r["shape"], r["impl"]))
         rows.append(r)
-    key = lambda r: (order.get(r["shape"], len(order)), r["impl"], r["context"])  # noqa: E731
-    for r in sorted(rows, key=key):
+    rows.sort(key=lambda r: (order.get(r["shape"], len(order)), r["impl"], r["context"]))
+    for r in rows:
         b = old.get((r["shape"], r["impl"], r["context"]))
         then = (
             f"{b['kernels_per_step']:.0f} | {b['kernel_sum_us']:.0f} | {b['graph_replay_us']:.0f}"

@@ -162,7 +162,8 @@ class SessionTokens:
     or edited a few lines up. For a tokenizer where a new pre-token begins at a line's
     first visible character, or at the last space of its indentation, whatever came
     before (see _line_start_splits), the ids are the earlier prompt's ids up to the
-    last such place before the first changed byte, then the rest tokenised on its own: the same ids as tokenising the whole text
+    last such place before the first changed byte, then the rest tokenised on its
+    own: the same ids as tokenising the whole text
     (tests/unit/test_session_tokens.py holds it to that on random edits). Other
     tokenizers, texts without a session, and texts sharing less than `min_shared`
     bytes are tokenised whole. Keeps the last `per_session` texts of the last

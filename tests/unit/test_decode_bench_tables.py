@@ -35,13 +35,13 @@ def block(section: str) -> list[str]:
     return m.group(1).split("\n")
 
 
-def latest(decode: ModuleType) -> dict:  # type: ignore[type-arg]
+def latest() -> dict:  # type: ignore[type-arg]
     names = sorted(p.name for p in (ROOT / "bench" / "results").glob("*-decode.json"))
     return json.loads((ROOT / "bench" / "results" / names[-1]).read_text())
 
 
 def test_the_readme_tables_are_the_results(decode: ModuleType) -> None:
-    result = latest(decode)
+    result = latest()
     before = json.loads(decode.BEFORE.read_text())
     lines = block("decode")
     assert lines[0] == decode.readme_caption(result)
