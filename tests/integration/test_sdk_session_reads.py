@@ -264,6 +264,10 @@ def test_the_call_dies_under_a_caller_reading_it(stalling: FakeServer, reads: Re
     port = int(stalling.address.rsplit(":", 1)[1])
     with Client(stalling.address, retry=NO_RETRY) as client, client.session() as session:
         stream = session.complete("x")
+        # The caller waits inside next() before the call has even connected; a server
+        # stopped then never had the call (the connect is refused, or its shutdown cancels
+        # the call: CANCELLED), and the channel is left in reconnect backoff.
+        wait_for(lambda: len(stalling.servicer.records) == 1, 30, "the server to take the call")
         inside = cancel_when_inside(reads, threading.get_ident(), stalling.stop)
         with pytest.raises(Unavailable):
             list(stream)
