@@ -8,6 +8,7 @@
 # GEMV tests run plain and PDL launches; TESTS_CAP defaults to 540).
 # triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
 # launches).
+# boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
@@ -52,6 +53,8 @@ for step in ${*:-tests int4 typing decode}; do
     cuda-tests) TAIL=8 run cuda-tests ${CUDA_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
                   --maxfail=30 tests/gpu/test_cuda_*.py tests/gpu/test_step_tuning.py --junitxml="$LOGS/cuda-tests.xml"
                 grep -E "^(FAILED|ERROR)" "$LOGS/cuda-tests.log" | cut -c1-200 | head -30 ;;
+    boundary) TAIL=40 run boundary ${BOUNDARY_CAP:-120} python3 bench/micro_boundary.py --out bench/results \
+                ${BOUNDARY_ARGS:---phases 64} ;;
     micro) for m in bench/micro_*.py; do
              name=$(basename "$m" .py)
              extra=""  # the 16-bit sweep compiles Triton tiles: the short list, in a budget
@@ -62,7 +65,9 @@ for step in ${*:-tests int4 typing decode}; do
                    --maxfail=30 tests/gpu/test_cuda_w4a16.py --junitxml="$LOGS/w4a16-tests.xml"
                  grep -E "^(FAILED|ERROR)" "$LOGS/w4a16-tests.log" | cut -c1-200 | head -30 ;;
     ncu-w4a16) # the hardware's view of the 7B layer's INT4 kernels (ncu; Firecracker hosts only)
-               for spec in "4096 12288 1,4,3,1,0 norm" "11008 4096 1,8,4,1,0 residual" "4096 22016 4,4,2,1,0 norm_glu"; do
+               # NCU_SPECS: "K N r,warps,pf,splits,bulk fusion" per kernel, ';'-separated
+               IFS=';' read -ra specs <<< "${NCU_SPECS:-4096 12288 1,4,3,1,0 norm;11008 4096 1,8,4,1,0 residual;4096 22016 4,4,2,1,0 norm_glu}"
+               for spec in "${specs[@]}"; do
                  set -- $spec
                  TAIL=60 run "ncu-$1x$2" ${NCU_CAP:-60} ncu --clock-control none -k regex:w4a16_m1 --launch-skip 3 --launch-count 1 \
                    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

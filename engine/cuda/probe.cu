@@ -4,6 +4,16 @@
 // ramp of a kernel that streams a few MB set how close a kernel-per-op design can get
 // to the floor.
 //
+// probe_phases(_count, _flags): the same work as `phases` launches of probe_stream, in one persistent
+// launch whose blocks meet at a grid-wide barrier between phases instead of at kernel
+// boundaries (every block must be resident at once: the bench sizes the grid by the
+// occupancy query). A phase's loads are issued before the block waits for the previous
+// phase (as the next kernel's weights before griddepcontrol.wait), and its output adds
+// a neighbouring block's output of the previous phase, so a barrier that lets a block
+// through early shows up as a wrong sum. A wait that spins past its limit sets *err
+// and gives up rather than hanging the GPU. The three kernels differ only in the
+// barrier (BAR_GEN, BAR_COUNT, BAR_FLAGS below).
+//
 // probe_stream: each block sums its `per_block` 16-byte vectors of `src` and writes one
 // float, then adds the previous launch's value of its slot (the data dependency a layer
 // has on the one before). Loads are issued before griddepcontrol.wait, as nib's GEMVs
@@ -45,3 +55,173 @@ NIB_DEVICE void probe_body(const ProbeArgs& a) {
 }
 
 extern "C" __global__ void __launch_bounds__(256) probe_stream(const ProbeArgs a) { probe_body<8>(a); }
+
+// ---- the grid barrier of probe_phases ----------------------------------------------
+NIB_DEVICE unsigned ld_acquire_u32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+NIB_DEVICE void st_release_u32(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+struct PhaseArgs {
+  const uint4* src;  // [phases][blocks][per_block] 16-byte vectors (phase regions may repeat)
+  float* out;        // [phases][blocks]
+  unsigned* count;   // arrivals at the current barrier, zero between launches
+  unsigned* gen;     // barrier generation: grows by `phases` per launch, never reset
+  int* err;          // set when a wait gave up
+  long long region;  // vectors between consecutive phases' data (wraps modulo `wrap`)
+  long long wrap;    // vectors in the source pool
+  unsigned* flags;    // [blocks] per-block phase counters (BAR_FLAGS), never reset
+  int per_block;
+  int phases;
+  int spin_limit;
+};
+
+// How the blocks meet between phases:
+//   BAR_GEN   one atomic count; the last block in resets it and publishes a generation.
+//   BAR_COUNT one monotonic count (release add, no return); every block polls it until
+//             all blocks' arrivals of this phase are in: no last-arriver round trip.
+//   BAR_FLAGS each block release-stores its own phase counter; warp 0 of every block
+//             polls all of them: no atomics, no single hot word.
+enum { BAR_GEN = 0, BAR_COUNT = 1, BAR_FLAGS = 2 };
+
+// This block has written its output of the phase: count it in; the last block in starts
+// the next generation (count back to zero first, published by the release store).
+NIB_DEVICE void grid_arrive(const PhaseArgs& a, unsigned next_gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(a.count, 1u) == gridDim.x - 1) {
+      *a.count = 0u;
+      __threadfence();
+      st_release_u32(a.gen, next_gen);
+    }
+  }
+}
+
+// Until every block has arrived at generation `target` (or the spin limit).
+NIB_DEVICE void grid_wait(const PhaseArgs& a, unsigned target) {
+  if (threadIdx.x == 0) {
+    int spins = 0;
+    while ((int)(ld_acquire_u32(a.gen) - target) < 0) {
+      if (++spins > a.spin_limit) {
+        atomicExch(a.err, 1);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+NIB_DEVICE void red_release_add(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// BAR_COUNT: arrivals only ever grow, so phase ph's barrier is "count >= base + nb (ph + 1)".
+NIB_DEVICE void count_arrive(const PhaseArgs& a) {
+  __syncthreads();
+  if (threadIdx.x == 0) red_release_add(a.count, 1u);
+}
+NIB_DEVICE void count_wait(const PhaseArgs& a, unsigned target) {
+  if (threadIdx.x == 0) {
+    int spins = 0;
+    while ((int)(ld_acquire_u32(a.count) - target) < 0) {
+      if (++spins > a.spin_limit) {
+        atomicExch(a.err, 1);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// BAR_FLAGS: block b's flag is the number of phases it has finished (plus its base).
+NIB_DEVICE void flag_arrive(const PhaseArgs& a, unsigned done) {
+  __syncthreads();
+  if (threadIdx.x == 0) st_release_u32(a.flags + blockIdx.x, done);
+}
+NIB_DEVICE void flag_wait(const PhaseArgs& a, unsigned target) {
+  if (threadIdx.x < 32) {
+    int spins = 0;
+    for (;;) {
+      bool mine = true;
+      for (unsigned b = threadIdx.x; b < gridDim.x; b += 32)
+        mine = mine && (int)(ld_acquire_u32(a.flags + b) - target) >= 0;
+      if (__all_sync(0xffffffffu, mine)) break;
+      if (++spins > a.spin_limit) {
+        if (threadIdx.x == 0) atomicExch(a.err, 1);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <int U, int BAR>
+NIB_DEVICE void phases_body(const PhaseArgs& a) {
+  extern __shared__ float scratch[];
+  __shared__ unsigned base;
+  const int nb = gridDim.x, step = (int)blockDim.x;
+  if (threadIdx.x == 0) {
+    if (BAR == BAR_GEN) {
+      base = ld_acquire_u32(a.gen);  // moves only once every block has arrived
+    } else if (BAR == BAR_COUNT) {
+      // Every launch adds nb * phases; blocks already in this launch's first phase have
+      // added fewer than nb, so rounding down finds where this launch started.
+      const unsigned c = ld_acquire_u32(a.count), per = (unsigned)nb * (unsigned)a.phases;
+      base = c - c % per;
+    } else {
+      base = ld_acquire_u32(a.flags + blockIdx.x);  // only this block writes it
+    }
+  }
+  __syncthreads();
+  const unsigned g0 = base;
+  uint4 buf[U];
+  for (int ph = 0; ph < a.phases; ++ph) {
+    const long long off = ((long long)ph * a.region) % a.wrap;
+    const uint4* p = a.src + off + (size_t)blockIdx.x * a.per_block;
+    auto fill = [&](int i) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        buf[u] = i + u * step < a.per_block ? ld_stream(p + i + u * step) : make_uint4(0, 0, 0, 0);
+    };
+    int i = threadIdx.x;
+    fill(i);  // this phase's "weights": independent of the previous phase
+    if (ph > 0) {  // the previous phase's outputs are all written
+      if (BAR == BAR_GEN) grid_wait(a, g0 + ph);
+      if (BAR == BAR_COUNT) count_wait(a, g0 + (unsigned)nb * ph);
+      if (BAR == BAR_FLAGS) flag_wait(a, g0 + ph);
+    }
+    float s = 0.f;
+    for (;;) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) s += (float)(buf[u].x & 1u) + (float)(buf[u].w & 1u);
+      i += U * step;
+      if (i >= a.per_block) break;
+      fill(i);
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+      const float prev = ph > 0 ? ld_cg(a.out + (size_t)(ph - 1) * nb + (blockIdx.x + 1) % nb) : 0.f;
+      a.out[(size_t)ph * nb + blockIdx.x] = s + prev;
+    }
+    if (BAR == BAR_GEN) grid_arrive(a, g0 + ph + 1);
+    if (BAR == BAR_COUNT) count_arrive(a);
+    if (BAR == BAR_FLAGS) flag_arrive(a, g0 + ph + 1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) probe_phases(const PhaseArgs a) {
+  phases_body<8, BAR_GEN>(a);
+}
+extern "C" __global__ void __launch_bounds__(256) probe_phases_count(const PhaseArgs a) {
+  phases_body<8, BAR_COUNT>(a);
+}
+// (256, 1): without the occupancy hint ptxas caps the spin loop's kernel at 32 registers
+// on sm_80 and spills the eight buffered vectors.
+extern "C" __global__ void __launch_bounds__(256, 1) probe_phases_flags(const PhaseArgs a) {
+  phases_body<8, BAR_FLAGS>(a);
+}
