@@ -121,7 +121,6 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
 // What every block of a launch agrees on: its tiles, its K slice, its lane's place.
 struct Block {
   int lane, warp, g, t4, tile0, split, n_groups, chunks, gb0, gb1;
-  int xs_stride;  // X_ROWS: fp16 elements between staged rows
 };
 
 NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
@@ -136,7 +135,6 @@ NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
   b.chunks = a.k >> 6;
   b.gb0 = b.split * a.groups_per_split;
   b.gb1 = min(b.n_groups, b.gb0 + a.groups_per_split);
-  b.xs_stride = a.groups_per_split * 128 + 8;  // +16 bytes: rows g = 0..7 hit distinct banks
   return b;
 }
 
@@ -217,21 +215,12 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
   __syncthreads();
 }
 
-// Where a lane's B fragments come from: global memory (2..16 rows), one staged row
-// (M = 1, shared memory) or all the rows of the block's K slice staged in shared memory
-// (the tile-split kernels: row r at xs + r * b.xs_stride).
-enum { X_GLOBAL = 0, X_STAGED = 1, X_ROWS = 2 };
-
 // The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words.
-template <int XSRC>
+template <bool SMEM_X>
 NIB_DEVICE void load_b(const W4Args& a, const Block& b, const u16* xs, int ch, int mt, u32 (&v)[8]) {
   uint4 v0, v1;
-  if constexpr (XSRC == X_STAGED) {
+  if constexpr (SMEM_X) {
     const uint4* p = reinterpret_cast<const uint4*>(xs + (ch - 2 * b.gb0) * 64 + 16 * b.t4);
-    v0 = p[0], v1 = p[1];
-  } else if constexpr (XSRC == X_ROWS) {
-    const uint4* p = reinterpret_cast<const uint4*>(xs + (b.g + 8 * mt) * b.xs_stride +
-                                                    (ch - 2 * b.gb0) * 64 + 16 * b.t4);
     v0 = p[0], v1 = p[1];
   } else {
     const int row = min(b.g + 8 * mt, a.m - 1);  // rows past m repeat the last: unused columns
@@ -254,7 +243,7 @@ NIB_DEVICE void zero(float (&a)[R][MT][4]) {
 }
 
 // acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
-template <int MT, int R, int XSRC>
+template <int MT, int R, bool SMEM_X>
 NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
                           const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
   float part[R][MT][4];
@@ -263,7 +252,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
   for (int h = 0; h < 2; ++h) {
     u32 bx[MT][8];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) load_b<XSRC>(a, b, xs, 2 * grp + h, mt, bx[mt]);
+    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X>(a, b, xs, 2 * grp + h, mt, bx[mt]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
@@ -425,8 +414,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     for (int p = 0; p < PF; ++p) {
       const int i = base + p;
       if (i < n_w) {
-        mma_group<MT, R, SMEM_X ? X_STAGED : X_GLOBAL>(a, b, xs, b.gb0 + b.warp + i * WARPS,
-                                                      wbuf[p], sbuf[p], acc);
+        mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
         if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
       }
     }
@@ -495,7 +483,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
         w[r][1] = ws[(b.warp * 2 + 1) * 32 + b.lane];
         s[r] = reinterpret_cast<const u32*>(ssm + (stage * R + r) * SBYTES)[b.warp * 8 + b.g];
       }
-      mma_group<MT, R, SMEM_X ? X_STAGED : X_GLOBAL>(a, b, xs, grp, w, s, acc);
+      mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
     }
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
@@ -504,125 +492,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only
 #endif
-}
-
-// Tile-split pipeline (2..16 rows): the block's warps take different tiles (warp w:
-// R tiles from (blockIdx.x * WARPS + w) * R) over the same K slice, whose activation
-// rows the block stages once in shared memory. Where the K-split kernels above re-read
-// every activation row from L2 for each block of R tiles, here one read serves
-// WARPS x R tiles, and no warp reduction is needed. Each warp finishes its own tiles:
-// its "tile group" for the split-K partials and counters is blockIdx.x * WARPS + w.
-template <int ROWS>
-NIB_DEVICE void stage_rows(const W4Args& a, const Block& b, u16* xs, int threads) {
-  const int per_row = (b.gb1 - b.gb0) * 16;  // 16-byte vectors of one row's slice
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int i = threadIdx.x; i < ROWS * per_row; i += threads) {
-    const int row = i / per_row, c = i - row * per_row;
-    const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(a.x) +
-                                                      (size_t)row * a.x_stride) + b.gb0 * 16 + c;
-    reinterpret_cast<uint4*>(xs + row * b.xs_stride)[c] = row < a.m ? ld_nc(src) : zero;
-  }
-  __syncthreads();
-}
-
-// One warp's tiles: split-K partials (the last split of the tile group to arrive sums
-// them, four loads in flight at a time) and the epilogue. No block barrier: the other
-// warps finish their own tiles.
-template <int MT, int R>
-NIB_DEVICE void finish_warp(const W4Args& a, const Block& b, int group, const float (&acc)[R][MT][4]) {
-  constexpr int PAIRS = R * MT * 2;
-  const int lane = b.lane;
-  float fin[PAIRS][2];
-#pragma unroll
-  for (int pair = 0; pair < PAIRS; ++pair) {
-    const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-    fin[pair][0] = acc[r][mt][e];
-    fin[pair][1] = acc[r][mt][e + 2];
-  }
-  if (a.splits > 1) {
-    float* mine = a.ws + ((size_t)group * a.splits + b.split) * PAIRS * 64;
-#pragma unroll
-    for (int pair = 0; pair < PAIRS; ++pair) {
-      mine[pair * 64 + lane] = fin[pair][0];
-      mine[pair * 64 + 32 + lane] = fin[pair][1];
-    }
-    __threadfence();
-    __syncwarp();
-    int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(a.counters + group, 1);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != a.splits - 1) return;
-    __threadfence();
-    const float* all = a.ws + (size_t)group * a.splits * PAIRS * 64;
-#pragma unroll
-    for (int pair = 0; pair < PAIRS; ++pair) fin[pair][0] = fin[pair][1] = 0.f;
-    for (int s0 = 0; s0 < a.splits; s0 += 4) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int s = s0 + u;
-        if (s < a.splits) {
-#pragma unroll
-          for (int pair = 0; pair < PAIRS; ++pair) {
-            fin[pair][0] += ld_cg(all + (s * PAIRS + pair) * 64 + lane);
-            fin[pair][1] += ld_cg(all + (s * PAIRS + pair) * 64 + 32 + lane);
-          }
-        }
-      }
-    }
-    if (lane == 0) a.counters[group] = 0;
-  }
-#pragma unroll
-  for (int pair = 0; pair < PAIRS; ++pair) {
-    const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-    finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[pair][0], fin[pair][1]);
-  }
-}
-
-template <int MT, int R, int WARPS, int PF>
-NIB_DEVICE void w4a16_ts_body(const W4Args& a) {
-  Block b = block_of(a, R);
-  const int group = blockIdx.x * WARPS + b.warp;
-  b.tile0 = group * R;
-  const int n_g = b.gb1 - b.gb0;  // every warp runs the whole slice
-  const uint4* qw[R];
-  const u32* sc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    qw[r] = a.qw + (size_t)(b.tile0 + r) * b.chunks * 32 + b.lane;
-    sc[r] = a.sc + (size_t)(b.tile0 + r) * b.n_groups * 8 + b.g;
-  }
-  uint4 wbuf[PF][R][2];
-  u32 sbuf[PF][R];
-  auto load = [&](int i, uint4 (&w)[R][2], u32 (&s)[R]) {
-    const int grp = b.gb0 + i;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      w[r][0] = ld_stream(qw[r] + (size_t)(2 * grp) * 32);
-      w[r][1] = ld_stream(qw[r] + (size_t)(2 * grp + 1) * 32);
-      s[r] = ld_nc_u32(sc[r] + grp * 8);
-    }
-  };
-  pdl_launch_dependents();
-#pragma unroll
-  for (int p = 0; p < PF; ++p)
-    if (p < n_g) load(p, wbuf[p], sbuf[p]);
-  pdl_wait();
-  u16* xs = reinterpret_cast<u16*>(smem);
-  stage_rows<8 * MT>(a, b, xs, WARPS * 32);
-
-  float acc[R][MT][4];
-  zero(acc);
-  for (int base = 0; base < n_g; base += PF) {
-#pragma unroll
-    for (int p = 0; p < PF; ++p) {
-      const int i = base + p;
-      if (i < n_g) {
-        mma_group<MT, R, X_ROWS>(a, b, xs, b.gb0 + i, wbuf[p], sbuf[p], acc);
-        if (i + PF < n_g) load(i + PF, wbuf[p], sbuf[p]);
-      }
-    }
-  }
-  finish_warp<MT, R>(a, b, group, acc);
 }
 
 // Dequantise a packed weight to fp16 [N, K] in logical row order (prefill: then cuBLAS).
@@ -673,8 +542,7 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
 }
 
 // The tile shapes w4a16.py may launch: w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g> (register
-// pipeline), w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only) and
-// w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_t (tile-split, 2..16 rows).
+// pipeline) and w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only).
 #define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
@@ -684,12 +552,6 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_##TAG##b(const W4Args a) {                    \
     w4a16_bulk_body<MT, R, WARPS, NS, SMEM>(a);                                             \
-  }
-
-#define W4_TS_KERNEL(MT, R, WARPS, PF)                                                      \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
-      w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_t(const W4Args a) {                           \
-    w4a16_ts_body<MT, R, WARPS, PF>(a);                                                     \
   }
 
 // One row (decode): activations staged in shared memory.
@@ -721,10 +583,3 @@ W4_BULK_KERNEL(2, 1, 4, 4, false, g)
 W4_BULK_KERNEL(2, 2, 4, 3, false, g)
 W4_BULK_KERNEL(1, 4, 4, 2, false, g)
 W4_BULK_KERNEL(2, 4, 4, 2, false, g)
-// 2..8 and 9..16 rows, tile-split: the K slice's activation rows staged once per block.
-W4_TS_KERNEL(1, 1, 4, 4)
-W4_TS_KERNEL(2, 1, 4, 4)
-W4_TS_KERNEL(1, 2, 4, 2)
-W4_TS_KERNEL(2, 2, 4, 2)
-W4_TS_KERNEL(1, 1, 8, 4)
-W4_TS_KERNEL(2, 1, 8, 4)

@@ -111,26 +111,21 @@ def unpack(
 
 @dataclass(frozen=True)
 class W4Config:
-    """One launch shape: `r` 16-row tiles per block (per warp when `tsplit`), `warps`
-    warps sharing the block's K slice, `pf` groups of 128 inputs in flight per warp
-    (register pipeline) or stages of `warps` groups (bulk), `splits` blocks along K;
-    `bulk`: weights stream into shared memory through the copy engine (sm_90) instead of
-    through registers; `tsplit` (2..16 rows): the warps take different tiles over the
-    whole slice, whose activation rows the block stages once in shared memory."""
+    """One launch shape: `r` 16-row tiles per block, `warps` warps sharing the block's K
+    slice, `pf` groups of 128 inputs in flight per warp (register pipeline) or stages of
+    `warps` groups (bulk), `splits` blocks along K; `bulk`: weights stream into shared
+    memory through the copy engine (sm_90) instead of through registers."""
 
     r: int = 1
     warps: int = 4
     pf: int = 4
     splits: int = 1
     bulk: bool = False
-    tsplit: bool = False
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
         if self.bulk:
             return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
-        if self.tsplit:
-            return f"int4 mma16 ts r{self.r}w{self.warps}p{self.pf}{split}"
         return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}"
 
 
@@ -140,11 +135,7 @@ STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 4, 3), (1, 1, 8, 4), (1, 1, 8, 2), 
 STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2)}
 GLOBAL = {(1, 1, 4, 4), (1, 2, 4, 2), (2, 1, 4, 4), (2, 2, 4, 2), (1, 4, 4, 2), (2, 4, 4, 2)}
 GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4, 2), (2, 4, 4, 2)}
-TILE_SPLIT = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2), (1, 1, 8, 4), (2, 1, 8, 4)}
 BULK_CAPABILITY = (9, 0)
-# Tile-split: the staged activation rows of one K slice, at most this many bytes (more
-# splits where K is longer), so that several blocks share an SM.
-TS_STAGE_BYTES = 48 * 1024
 
 # What start-up timing and bench/int4_linear.py try: every instantiation, 1, 2 or 4 splits
 # (2..16 rows: the tile shapes built for both one and two n8 tiles).
@@ -160,11 +151,6 @@ MULTI_ROW = tuple(
     for (mt, r, w, d) in sorted(table)
     if mt == 1 and (2, r, w, d) in table
     for s in (1, 2, 4)
-) + tuple(
-    W4Config(r, w, d, s, tsplit=True)
-    for (mt, r, w, d) in sorted(TILE_SPLIT)
-    if mt == 1 and (2, r, w, d) in TILE_SPLIT
-    for s in (1, 2, 4)
 )
 
 
@@ -175,25 +161,16 @@ def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
 def kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
-    elif cfg.tsplit:
-        table, depth, tail = (set() if staged else TILE_SPLIT), "p", ""
     else:
         table, depth, tail = (STAGED if staged else GLOBAL), "p", ""
     if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
         raise ValueError(f"w4a16: no kernel for mt={mt} {cfg} ({'staged' if staged else 'global'})")
-    src = "t" if cfg.tsplit else "s" if staged else "g"
+    src = "s" if staged else "g"
     return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_{src}{tail}"
-
-
-def ts_stage_bytes(mt: int, groups_per_split: int) -> int:
-    """A tile-split block's staged activation rows: 8 mt rows of the slice, +16 bytes a row."""
-    return 8 * mt * (groups_per_split * GROUP_SIZE + 8) * 2
 
 
 def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) -> int:
     """Dynamic shared memory of a launch, laid out as w4a16.cu's bodies do."""
-    if cfg.tsplit:
-        return ts_stage_bytes(mt, groups_per_split)
     frag = cfg.r * mt * 4
     total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
@@ -291,26 +268,11 @@ class CudaInt4:
         return unpack(self.qw, self.sc, self.glu)
 
     def effective(self, cfg: W4Config, m: int) -> W4Config:
-        """cfg with r fitted to the tile count and splits to the groups (what runs).
-
-        Tile-split (2..16 rows) needs the tiles to divide among the warps (else the
-        K-split kernel of the same r, warps and depth runs) and its slice's staged rows
-        to fit TS_STAGE_BYTES (more splits where K is longer)."""
-        groups = self.k // GROUP_SIZE
-        if cfg.tsplit and m > 1 and self.tiles % cfg.warps == 0:
-            r = _rows_of(cfg.r, self.tiles // cfg.warps)
-            mt = 2 if m > 8 else 1
-            most = max(1, TS_STAGE_BYTES // ts_stage_bytes(mt, 1))
-            splits = min(groups, max(cfg.splits, -(-groups // most)))
-            while ts_stage_bytes(mt, -(-groups // splits)) > TS_STAGE_BYTES:
-                splits += 1
-            return W4Config(r, cfg.warps, cfg.pf, splits, tsplit=True)
-        warps = cfg.warps
-        if cfg.tsplit and m > 1:
-            warps = 4  # the K-split kernels for 2..16 rows are built with 4 warps
+        """cfg with r fitted to the tile count and splits to the groups (what runs)."""
         r = _rows_of(cfg.r, self.tiles)
-        splits = max(1, min(cfg.splits, groups // max(1, warps)))
-        return W4Config(r, warps, cfg.pf, splits, cfg.bulk)
+        groups = self.k // GROUP_SIZE
+        splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""
@@ -368,7 +330,7 @@ class CudaInt4:
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
-        grid = (self.tiles // (cfg.r * (cfg.warps if cfg.tsplit else 1)), cfg.splits)
+        grid = (self.tiles // cfg.r, cfg.splits)
         kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)
 
     # -- what Int4Linear calls -------------------------------------------------------

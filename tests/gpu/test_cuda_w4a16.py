@@ -184,26 +184,6 @@ def test_split_counters_reset_and_results_repeat() -> None:
     _compare(first, x.float() @ w32.t(), "split 4", torch.float16)
 
 
-@pytest.mark.parametrize("m", [3, 16])
-def test_tile_split_counters_reset_and_results_repeat(m: int) -> None:
-    """The tile-split kernels' per-warp split-K (down: 86 groups, so the staged slice
-    forces several splits) repeats bit for bit and leaves every counter at zero."""
-    p, w32 = packed("llama-2-7b.down")
-    cfg = W4Config(1, 4, 4, 1, tsplit=True)
-    eff = p.effective(cfg, m)
-    assert eff.tsplit and eff.splits > 1, eff
-    x = _x(p.k, m)
-    first = torch.full((m, p.n), float("nan"), device="cuda", dtype=torch.float16)
-    second = first.clone()
-    p.run(x, first, m, cfg, 0)
-    p.run(x, second, m, cfg, 0)
-    torch.cuda.synchronize()
-    assert torch.equal(first, second)
-    _, counters = p._buffers[(eff, 2 if m > 8 else 1)]
-    assert int(counters.abs().sum()) == 0
-    _compare(first, x.float() @ w32.t(), f"tile-split m={m} {eff.label()}", torch.float16)
-
-
 def test_graph_replay_with_new_inputs() -> None:
     """A captured sequence norm -> residual -> glu (split-K on) replays right on new inputs."""
     dtype = torch.bfloat16

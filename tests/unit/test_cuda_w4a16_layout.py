@@ -156,28 +156,3 @@ def test_shapes_the_kernel_cannot_run_are_refused(n: int, k: int, glu: bool, rul
     with pytest.raises(QuantShapeError, match=rule) as info:
         pack(codes, scales, glu, name="layers.3.mlp")
     assert "layers.3.mlp" in str(info.value)
-
-
-@pytest.mark.parametrize("k", [384, 1536, 4096, 8960, 11008])
-@pytest.mark.parametrize("tiles", [24, 96, 256, 1376])
-@pytest.mark.parametrize("m", [2, 8, 9, 16])
-@pytest.mark.parametrize("cfg_split", [1, 2, 4])
-def test_tile_split_launch_shape(k: int, tiles: int, m: int, cfg_split: int) -> None:
-    """What a tile-split config runs as: its tiles divide among the warps, its staged
-    activation rows fit TS_STAGE_BYTES, no split is asked for beyond the groups, and
-    fitting is idempotent (the engine and the bench fit once more before launching)."""
-    from nib.engine.cuda.w4a16 import TS_STAGE_BYTES, CudaInt4, W4Config, ts_stage_bytes
-
-    layer = object.__new__(CudaInt4)  # effective() reads only the shape
-    layer.tiles, layer.k = tiles, k
-    groups = k // GROUP_SIZE
-    for warps, r in ((4, 1), (4, 2), (8, 1)):
-        eff = layer.effective(W4Config(r, warps, 4 if r == 1 else 2, cfg_split, tsplit=True), m)
-        assert eff.tsplit and tiles % (eff.r * eff.warps) == 0, eff
-        mt = 2 if m > 8 else 1
-        per_split = -(-groups // eff.splits)
-        assert ts_stage_bytes(mt, per_split) <= TS_STAGE_BYTES, eff
-        assert cfg_split <= eff.splits <= groups or eff.splits == groups, eff
-        assert layer.effective(eff, m) == eff
-    one = layer.effective(W4Config(1, 8, 4, cfg_split, tsplit=True), 1)
-    assert not one.tsplit  # one row: the staged K-split kernels
