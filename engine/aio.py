@@ -4,15 +4,68 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from nib.engine.engine import Engine
 from nib.engine.handle import Handle
-from nib.engine.request import DoneEvent, Event, FinishReason, GenerationParams, Timings, Usage
+from nib.engine.request import (
+    DoneEvent,
+    Event,
+    FinishReason,
+    GenerationParams,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+
+T = TypeVar("T")
+
+
+def coalesce(
+    first: T,
+    queue: asyncio.Queue[T],
+    joinable: Callable[[T, T], bool],
+    join: Callable[[list[T]], T],
+) -> tuple[T, T | None]:
+    """`first` joined with the items already waiting behind it that `joinable(first,
+    item)` accepts, and the first item it did not accept (taken off the queue: the
+    caller hands it out next), or None.
+
+    A consumer that falls behind its producer (a busy event loop, a client reading
+    slowly) then sends fewer, larger messages instead of a growing backlog of one-token
+    ones; it never waits for more: what has not arrived yet is not waited for, so the
+    first token of a completion goes out alone, as soon as it exists."""
+    parts = [first]
+    while True:
+        try:
+            item = queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return (first if len(parts) == 1 else join(parts)), None
+        if not joinable(first, item):
+            return (first if len(parts) == 1 else join(parts)), item
+        parts.append(item)
+
+
+def join_tokens(events: list[TokenEvent]) -> TokenEvent:
+    """Consecutive TokenEvents of one completion as one (their text and ids in order)."""
+    return TokenEvent(
+        "".join(e.text for e in events),
+        tuple(t for e in events for t in e.token_ids),
+        tuple(p for e in events for p in e.logprobs),
+    )
+
+
+def _both_tokens(first: Event, item: Event) -> bool:
+    return isinstance(item, TokenEvent)
 
 
 class Completion:
     """Events of one request as an async iterator; ends after its DoneEvent.
+
+    Tokens that are already waiting when the consumer asks for the next event come
+    as one TokenEvent (coalesce()): a consumer that falls behind catches up in fewer
+    messages, and none waits for company.
 
     Leaving the iteration early (break, exception, task cancellation) should be
     followed by cancel(); `async with` does that. Call cancel() from the event
@@ -64,8 +117,12 @@ class Completion:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Event]:
+        held: Event | None = None
         while self.done is None:
-            event = await self._events.get()
+            event = held if held is not None else await self._events.get()
+            held = None
+            if isinstance(event, TokenEvent):  # with the tokens that queued behind it
+                event, held = coalesce(event, self._events, _both_tokens, join_tokens)  # type: ignore[arg-type]
             if isinstance(event, DoneEvent):
                 self.done = event
             yield event

@@ -107,7 +107,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
         cause: CancelCause = "client_gone"
         try:
             while True:
-                item = await session.out.get()
+                item = await session.next_out()
                 if item is End.OK:
                     break
                 if item is End.DRAINED:

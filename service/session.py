@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from nib.engine.aio import coalesce
 from nib.engine.errors import EngineError, InvalidRequest
 from nib.engine.request import DoneEvent
 from nib.service import convert
@@ -38,6 +39,32 @@ class End(enum.Enum):
     DRAINED = "drained"  # the server is shutting down and nothing runs
 
 
+Out = pb.SessionResponse | End | BaseException
+
+
+def _same_delta_stream(first: Out, item: Out) -> bool:
+    """item continues first's text: both deltas of the same completion."""
+    return (
+        isinstance(first, pb.SessionResponse)
+        and isinstance(item, pb.SessionResponse)
+        and item.WhichOneof("event") == "delta"
+        and item.request_id == first.request_id
+    )
+
+
+def _join_deltas(items: list[Out]) -> Out:
+    first = items[0]
+    assert isinstance(first, pb.SessionResponse)
+    joined = pb.SessionResponse()
+    joined.CopyFrom(first)
+    for item in items[1:]:
+        assert isinstance(item, pb.SessionResponse)
+        joined.delta.text += item.delta.text
+        joined.delta.token_ids.extend(item.delta.token_ids)
+        joined.delta.logprobs.extend(item.delta.logprobs)
+    return joined
+
+
 @dataclass
 class _Running:
     tracked: Tracked
@@ -48,11 +75,22 @@ class SessionStream:
     def __init__(self, ledger: Ledger, caller: Caller) -> None:
         self.ledger = ledger
         self.caller = caller
-        self.out: asyncio.Queue[pb.SessionResponse | End | BaseException] = asyncio.Queue()
+        self.out: asyncio.Queue[Out] = asyncio.Queue()
+        self._held: Out | None = None  # taken off `out` by coalescing, sent next
         self.running: dict[str, _Running] = {}
         self.latest: str | None = None
         self.draining = False
         self.cause: CancelCause = "client_gone"  # why the stream ended, if gRPC ended it
+
+    async def next_out(self) -> Out:
+        """The next item to send. A delta comes joined with the deltas of the same
+        completion already waiting behind it (engine/aio.py coalesce()): when the stream
+        falls behind, it catches up in fewer messages; nothing waits for company."""
+        item = self._held if self._held is not None else await self.out.get()
+        self._held = None
+        if isinstance(item, pb.SessionResponse) and item.WhichOneof("event") == "delta":
+            item, self._held = coalesce(item, self.out, _same_delta_stream, _join_deltas)
+        return item
 
     async def read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
         try:
