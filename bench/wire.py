@@ -115,7 +115,7 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
     client_ttft: list[float] = []
     engine_ttft: list[float] = []
     first_text: list[float] = []
-    tokens, text_chunks = [], []
+    tokens, text_chunks, deltas = [], [], []
     complete(prompt, max_tokens=new).result()  # warm-up
     for _ in range(reps):
         start = time.perf_counter()
@@ -123,6 +123,7 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
         text_chunks.append(sum(1 for _text in stream))
         stamps = stream.token_times
         tokens.append(len(stamps))
+        deltas.append(stream.token_deltas)
         if len(stamps) != stream.usage.completion_tokens:
             raise BenchFailure(
                 f"the client saw {len(stamps)} tokens, the server reports "
@@ -152,6 +153,9 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
         "client_first_text_ms_median": statistics.median(first_text) if first_text else None,
         "tokens_per_completion": tokens,
         "text_deltas_per_completion": text_chunks,
+        # Messages with token ids: fewer than the tokens where the server joined tokens
+        # that waited behind the stream (they share one client time stamp, gap 0).
+        "deltas_per_completion": deltas,
         "engine_step_boundary_ms": step_boundary_ms(rep_engine_gaps),
     }
 

@@ -49,6 +49,9 @@ class StreamState:
         # per token id, whether or not it brought text (tokens inside a UTF-8 character,
         # re-generated healed text or a possible stop string arrive with text "").
         self.token_times: list[float] = []
+        # Delta messages with token ids taken in: fewer than the tokens where the server
+        # joined tokens that waited behind a stream that fell behind (one time stamp).
+        self.token_deltas = 0
 
     def _backoff_or_raise(
         self, retry: RetryPolicy, exc: grpc.RpcError, remaining: float | None
@@ -77,6 +80,7 @@ class StreamState:
         if response.HasField("delta"):
             d = response.delta
             if d.token_ids:
+                self.token_deltas += 1
                 self.token_times += [time.perf_counter()] * len(d.token_ids)
             self.token_ids.extend(d.token_ids)
             self.logprobs.extend(d.logprobs)

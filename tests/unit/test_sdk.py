@@ -135,7 +135,7 @@ def test_state_accumulates_deltas_and_the_done() -> None:
         )
     )
     assert s.done and s.finish_reason == FinishReason.STOP == "stop" and s.stop == "\n"
-    assert s.text == "abc" and s.token_ids == [1, 2, 3, 4]
+    assert s.text == "abc" and s.token_ids == [1, 2, 3, 4] and s.token_deltas == 3
     assert s.usage.completion_tokens == 4 and s.timings.inter_token_ms == (1, 2, 1)
     assert s._result().text == "abc"
 
@@ -148,6 +148,7 @@ def test_state_stamps_every_token_even_those_without_text() -> None:
     s._apply(done(pb.FINISH_REASON_LENGTH, usage=pb.Usage(completion_tokens=3)))
     assert len(s.token_times) == len(s.token_ids) == 3
     assert s.token_times[1] == s.token_times[2] and s.token_times == sorted(s.token_times)
+    assert s.token_deltas == 2  # the flushed text carried no token
     assert s._started <= s.token_times[0]
 
 
