@@ -4,6 +4,7 @@
     python3 bench/wire_trace.py --device cpu                     # the shipped model
     python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b       # GPU host
     python3 bench/wire_trace.py --floor --stub-ms 3,1.9          # gRPC alone: the floor
+    python3 bench/wire_trace.py --floor --floor-server sync --client aio --stub-ms 3,1.9
 
 Runs a server in a child process with timestamps along the path of every request
 (bench/wire_probes.py: nothing in the service changes), streams greedy completions
@@ -15,7 +16,10 @@ to `client_first`; the gap between the two is what issue 6 bounds by 1 ms.
 
 --floor serves the same RPC from bench/wire_floor.py instead: gRPC's asyncio server and
 an engine thread that only waits, with none of nib's work in between; its gap is the
-least any service built this way can add on this machine. --stub-ms replaces the
+least any service built this way can add on this machine. --floor-server sync serves it
+from grpc.server's thread pool instead of grpc.aio's event loop, and --client aio streams
+through the SDK's AsyncClient instead of Client (either with or without --floor), so the
+floor can be split between gRPC's server and client flavours. --stub-ms replaces the
 model's forward by a wait (GIL released, as a GPU sync) so that the CPU engine's
 kernels do not take the cores the hops need (a 2-core machine has no core to spare).
 """
@@ -23,6 +27,7 @@ kernels do not take the cores the hops need (a 2-core machine has no core to spa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import math
@@ -35,6 +40,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nib.sdk.state import StreamState
 
 ROOT = Path(__file__).resolve().parent.parent
 # The path of one request, in order; a hop is the time from one stamp to the next.
@@ -74,7 +83,8 @@ def server_command(args: argparse.Namespace, out: Path, model_dir: Path | None) 
     if args.floor:
         prefill_ms, step_ms = (args.stub_ms or "3,1.9").split(",")
         floor = str(ROOT / "bench" / "wire_floor.py")
-        return [sys.executable, floor, str(out), str(args.port), prefill_ms, step_ms]
+        cmd = [sys.executable, floor, str(out), str(args.port), prefill_ms, step_ms]
+        return [*cmd, "--server", args.floor_server]
     cmd = [sys.executable, str(ROOT / "bench" / "wire_probes.py"), str(out)]
     cmd += ["--port", str(args.port), "--device", args.device, "--log-level", "WARNING"]
     if model_dir is not None:
@@ -90,27 +100,57 @@ class Gaps:
     engine: list[float]
 
 
-def run_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
-    """Client-side stamps of each completion, and all its inter-token gaps (pooled, as
+PROMPT = "def quicksort(items):\n    " * 20  # bench/wire.py's prompt
+
+
+def record(
+    rows: list[dict[str, int]], gaps: Gaps, sent: int, called: int, stream: StreamState
+) -> None:
+    """One finished completion's client stamps and inter-token gaps (pooled, as
     bench/wire.py's inter-token medians are)."""
+    times = stream.token_times
+    first = round(times[0] * 1e9)
+    rows.append({"client_send": sent, "client_called": called, "client_first": first})
+    gaps.client += [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
+    gaps.engine += stream.timings.inter_token_ms
+
+
+def run_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
+    """Client-side stamps of each completion through the SDK's Client, and its gaps."""
     from nib.sdk import Client
 
-    prompt = "def quicksort(items):\n    " * 20  # bench/wire.py's prompt
-    rows, gaps = [], Gaps([], [])
+    rows: list[dict[str, int]] = []
+    gaps = Gaps([], [])
     with Client(address) as client:
         client.wait_ready(600)
         for _ in range(WARM_UP):
-            client.complete(prompt, max_tokens=new).result()
+            client.complete(PROMPT, max_tokens=new).result()
         for _ in range(reps):
             sent = time.perf_counter_ns()
-            stream = client.complete(prompt, max_tokens=new)
+            stream = client.complete(PROMPT, max_tokens=new)
             called = time.perf_counter_ns()
             stream.result()
-            times = stream.token_times
-            first = round(times[0] * 1e9)
-            rows.append({"client_send": sent, "client_called": called, "client_first": first})
-            gaps.client += [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
-            gaps.engine += stream.timings.inter_token_ms
+            record(rows, gaps, sent, called, stream)
+    return rows, gaps
+
+
+async def run_aio_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
+    """As run_client, through the SDK's AsyncClient. Its complete() only creates the
+    call: grpc.aio sends the request once the loop runs, inside `called -> first`."""
+    from nib.sdk import AsyncClient
+
+    rows: list[dict[str, int]] = []
+    gaps = Gaps([], [])
+    async with AsyncClient(address) as client:
+        await client.wait_ready(600)
+        for _ in range(WARM_UP):
+            await client.complete(PROMPT, max_tokens=new).result()
+        for _ in range(reps):
+            sent = time.perf_counter_ns()
+            stream = client.complete(PROMPT, max_tokens=new)
+            called = time.perf_counter_ns()
+            await stream.result()
+            record(rows, gaps, sent, called, stream)
     return rows, gaps
 
 
@@ -121,7 +161,11 @@ def measure(
     env = {**os.environ, "NIB_TRACE_STUB": "" if args.floor else args.stub_ms or ""}
     proc = subprocess.Popen(server_command(args, out, model_dir), env=env)
     try:
-        client, gaps = run_client(f"127.0.0.1:{args.port}", args.reps, args.new)
+        address = f"127.0.0.1:{args.port}"
+        if args.client == "aio":
+            client, gaps = asyncio.run(run_aio_client(address, args.reps, args.new))
+        else:
+            client, gaps = run_client(address, args.reps, args.new)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -167,12 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--stub-ms", help="PREFILL,STEP: the model's forward only waits this long")
     p.add_argument("--floor", action="store_true", help="serve from bench/wire_floor.py")
+    p.add_argument(
+        "--floor-server", choices=("aio", "sync"), default="aio", help="gRPC's server (--floor)"
+    )
+    p.add_argument("--client", choices=("sync", "aio"), default="sync", help="the SDK's client")
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--port", type=int, default=50073)
     p.add_argument("--serve-arg", action="append", default=[], help="extra `nib serve` argument")
     p.add_argument("--json", type=Path, help="also write the stamps and the summary here")
     args = p.parse_args(argv)
+    if args.floor_server != "aio" and not args.floor:
+        p.error("--floor-server chooses the floor's server: it needs --floor")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None and args.shape != "nib-tiny-code" and not args.floor:
@@ -183,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         rows, inter_token = measure(args, model_dir, Path(tmp))
     summary = report(rows, inter_token)
     if args.json is not None:
-        args.json.write_text(json.dumps({"argv": sys.argv, "summary": summary, "rows": rows}))
+        flavour = {"floor_server": args.floor_server if args.floor else None, "client": args.client}
+        args.json.write_text(
+            json.dumps({"argv": sys.argv, "summary": summary, "rows": rows, **flavour})
+        )
     return 0
 
 

@@ -1,0 +1,89 @@
+"""bench/wire_floor.py, the floor under bench/wire_trace.py's figures, in both of gRPC's
+server flavours on 127.0.0.1: each serves the tokens its engine thread makes, and the
+trace reads the same stamps through either server and either SDK client."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from nib.sdk import Client
+
+from .conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def floor() -> ModuleType:
+    return load("wire_floor")
+
+
+@pytest.fixture
+def sync_floor(floor: ModuleType) -> Iterator[str]:
+    """The sync floor in this process: 1 ms of prefill, then a token every 1 ms."""
+    port = free_port()
+    floor.STAMPS.clear()
+    server = floor.serve_sync(port, 0.001, 0.001)
+    yield f"127.0.0.1:{port}"
+    server.stop(0).wait()
+
+
+def test_the_sync_floor_serves_the_tokens(floor: ModuleType, sync_floor: str) -> None:
+    with Client(sync_floor) as client:
+        client.wait_ready(10)
+        stream = client.complete("def f():", max_tokens=5)
+        result = stream.result()
+    assert list(result.token_ids) == [0, 1, 2, 3, 4]
+    assert result.text == "xxxxx" and result.finish_reason == "length"
+    gaps = result.timings.inter_token_ms
+    assert len(gaps) == 4 and all(g >= 0.9 for g in gaps)  # the engine slept 1 ms a step
+    assert len(stream.token_times) == 5
+    labels = [label for label, _ in floor.STAMPS]
+    assert labels == ["intercept", "submit", "first_token", "yielded"]
+    times = [t for _, t in floor.STAMPS]
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize(("server", "client"), [("sync", "aio"), ("aio", "sync")])
+def test_the_trace_reads_the_floor_in_either_flavour(
+    server: str, client: str, tmp_path: Path
+) -> None:
+    trace = load("wire_trace")
+    out = tmp_path / "trace.json"
+    argv = ["--floor", "--floor-server", server, "--client", client, "--stub-ms", "2,1"]
+    argv += ["--reps", "3", "--new", "4", "--port", str(free_port()), "--json", str(out)]
+    assert trace.main(argv) == 0
+    written = json.loads(out.read_text())
+    assert (written["floor_server"], written["client"]) == (server, client)
+    path = [label for label in trace.ORDER if label in written["rows"][0]]
+    hops = "client_send client_called intercept submit first_token yielded client_first"
+    assert path == hops.split()
+    assert len(written["rows"]) == 3
+    for row in written["rows"]:
+        assert [row[label] for label in path] == sorted(row[label] for label in path)
+    summary = written["summary"]
+    assert summary["engine_ttft_ms"] >= 2.0  # the stub's prefill
+    assert summary["client_ttft_ms"] > summary["engine_ttft_ms"]
+    assert summary["engine_inter_token_ms"] >= 0.9
+
+
+def test_the_floor_server_flavour_needs_the_floor() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load("wire_trace").main(["--floor-server", "sync"])
+    assert exit_info.value.code == 2
