@@ -86,9 +86,21 @@ for step in ${*:-tests int4 typing decode}; do
     decode) TAIL=16 run decode ${DECODE_CAP:-400} python3 bench/decode.py --out bench/results --reps 2 \
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
     wire) run wire ${WIRE_CAP:-200} python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
+    wire-int4) # issue 6's models: both shapes with INT4 weights (one row each in the JSON)
+               for shape in ${WIRE_SHAPES:-qwen2.5-coder-1.5b llama-2-7b}; do
+                 run "wire-int4-$shape" ${WIRE_CAP:-240} python3 bench/wire.py --shape "$shape" \
+                   --serve-arg=--quant=int4
+               done ;;
     wire-trace) run wire-trace ${TRACE_CAP:-110} python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b \
                   --json "$LOGS/wire-trace.json"
                 run wire-floor 60 python3 bench/wire_trace.py --floor --stub-ms 3,1.4 --json "$LOGS/wire-floor.json" ;;
+    wire-floors) # the floor RPC (no nib in it) with gRPC's asyncio and sync servers, interleaved
+                 for round in 1 2; do
+                   for server in aio sync; do
+                     run "wire-floor-$server-$round" 60 python3 bench/wire_trace.py --floor \
+                       --floor-server "$server" --stub-ms 3,1.4 --json "$LOGS/wire-floor-$server-$round.json"
+                   done
+                 done ;;
     int4-sweeps) TAIL=20 run int4-sweeps ${SWEEPS_CAP:-200} python3 -m pytest -p no:cacheprovider -v --tb=short \
                    --durations=15 tests/unit/test_kernels.py \
                    tests/gpu/test_int4_kernels.py::test_split_k_counters_reset_between_calls \
