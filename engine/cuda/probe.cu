@@ -4,10 +4,10 @@
 // ramp of a kernel that streams a few MB set how close a kernel-per-op design can get
 // to the floor.
 //
-// probe_phases(_count, _flags): the same work as `phases` launches of probe_stream, in one persistent
-// launch whose blocks meet at a grid-wide barrier between phases instead of at kernel
-// boundaries (every block must be resident at once: the bench sizes the grid by the
-// occupancy query). A phase's loads are issued before the block waits for the previous
+// probe_phases(_count, _flags): the same work as `phases` launches of probe_stream, in
+// one persistent launch whose blocks meet at a grid-wide barrier between phases instead
+// of at kernel boundaries (every block must be resident at once: the bench sizes the
+// grid by the occupancy query). A phase's loads are issued before the block waits for the previous
 // phase (as the next kernel's weights before griddepcontrol.wait), and its output adds
 // a neighbouring block's output of the previous phase, so a barrier that lets a block
 // through early shows up as a wrong sum. A wait that spins past its limit sets *err
@@ -27,28 +27,37 @@ struct ProbeArgs {
   int per_block;      // vectors per block
 };
 
+// The next U of this thread's vectors (stride `step`, `n` in all; zeros past the end).
+template <int U>
+NIB_DEVICE void fill_buf(uint4 (&buf)[U], const uint4* p, int i, int step, int n) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    buf[u] = i + u * step < n ? ld_stream(p + i + u * step) : make_uint4(0, 0, 0, 0);
+}
+
+// Sum what buf holds (filled from i), then stream and sum the rest of the n vectors.
+template <int U>
+NIB_DEVICE float stream_rest(uint4 (&buf)[U], const uint4* p, int i, int step, int n) {
+  float s = 0.f;
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) s += (float)(buf[u].x & 1u) + (float)(buf[u].w & 1u);
+    i += U * step;
+    if (i >= n) break;
+    fill_buf(buf, p, i, step, n);
+  }
+  return s;
+}
+
 template <int U>
 NIB_DEVICE void probe_body(const ProbeArgs& a) {
   pdl_launch_dependents();
   const uint4* p = a.src + (size_t)blockIdx.x * a.per_block;
   const int step = (int)blockDim.x;
   uint4 buf[U];
-  auto fill = [&](int i) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      buf[u] = i + u * step < a.per_block ? ld_stream(p + i + u * step) : make_uint4(0, 0, 0, 0);
-  };
-  int i = threadIdx.x;
-  fill(i);
+  fill_buf(buf, p, (int)threadIdx.x, step, a.per_block);
   pdl_wait();
-  float s = 0.f;
-  for (;;) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) s += (float)(buf[u].x & 1u) + (float)(buf[u].w & 1u);
-    i += U * step;
-    if (i >= a.per_block) break;
-    fill(i);
-  }
+  float s = stream_rest(buf, p, (int)threadIdx.x, step, a.per_block);
   extern __shared__ float scratch[];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) a.out[blockIdx.x] = s + ld_cg(a.prev + blockIdx.x);
@@ -102,11 +111,11 @@ NIB_DEVICE void grid_arrive(const PhaseArgs& a, unsigned next_gen) {
   }
 }
 
-// Until every block has arrived at generation `target` (or the spin limit).
-NIB_DEVICE void grid_wait(const PhaseArgs& a, unsigned target) {
+// Thread 0 spins until *word reaches `target` (or the spin limit), then the block goes on.
+NIB_DEVICE void spin_until(const PhaseArgs& a, const unsigned* word, unsigned target) {
   if (threadIdx.x == 0) {
     int spins = 0;
-    while ((int)(ld_acquire_u32(a.gen) - target) < 0) {
+    while ((int)(ld_acquire_u32(word) - target) < 0) {
       if (++spins > a.spin_limit) {
         atomicExch(a.err, 1);
         break;
@@ -115,6 +124,9 @@ NIB_DEVICE void grid_wait(const PhaseArgs& a, unsigned target) {
   }
   __syncthreads();
 }
+
+// Until every block has arrived at generation `target` (or the spin limit).
+NIB_DEVICE void grid_wait(const PhaseArgs& a, unsigned target) { spin_until(a, a.gen, target); }
 
 NIB_DEVICE void red_release_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -125,18 +137,7 @@ NIB_DEVICE void count_arrive(const PhaseArgs& a) {
   __syncthreads();
   if (threadIdx.x == 0) red_release_add(a.count, 1u);
 }
-NIB_DEVICE void count_wait(const PhaseArgs& a, unsigned target) {
-  if (threadIdx.x == 0) {
-    int spins = 0;
-    while ((int)(ld_acquire_u32(a.count) - target) < 0) {
-      if (++spins > a.spin_limit) {
-        atomicExch(a.err, 1);
-        break;
-      }
-    }
-  }
-  __syncthreads();
-}
+NIB_DEVICE void count_wait(const PhaseArgs& a, unsigned target) { spin_until(a, a.count, target); }
 
 // BAR_FLAGS: block b's flag is the number of phases it has finished (plus its base).
 NIB_DEVICE void flag_arrive(const PhaseArgs& a, unsigned done) {
@@ -183,26 +184,14 @@ NIB_DEVICE void phases_body(const PhaseArgs& a) {
   for (int ph = 0; ph < a.phases; ++ph) {
     const long long off = ((long long)ph * a.region) % a.wrap;
     const uint4* p = a.src + off + (size_t)blockIdx.x * a.per_block;
-    auto fill = [&](int i) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        buf[u] = i + u * step < a.per_block ? ld_stream(p + i + u * step) : make_uint4(0, 0, 0, 0);
-    };
-    int i = threadIdx.x;
-    fill(i);  // this phase's "weights": independent of the previous phase
+    // This phase's "weights": independent of the previous phase.
+    fill_buf(buf, p, (int)threadIdx.x, step, a.per_block);
     if (ph > 0) {  // the previous phase's outputs are all written
       if (BAR == BAR_GEN) grid_wait(a, g0 + ph);
       if (BAR == BAR_COUNT) count_wait(a, g0 + (unsigned)nb * ph);
       if (BAR == BAR_FLAGS) flag_wait(a, g0 + ph);
     }
-    float s = 0.f;
-    for (;;) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) s += (float)(buf[u].x & 1u) + (float)(buf[u].w & 1u);
-      i += U * step;
-      if (i >= a.per_block) break;
-      fill(i);
-    }
+    float s = stream_rest(buf, p, (int)threadIdx.x, step, a.per_block);
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) {
       const float prev = ph > 0 ? ld_cg(a.out + (size_t)(ph - 1) * nb + (blockIdx.x + 1) % nb) : 0.f;
