@@ -157,6 +157,9 @@ def test_a_cancel_the_server_never_answers_still_ends_the_loop(
 ) -> None:
     with Client(stalling.address) as client, client.session() as session:
         stream = session.complete("x")
+        # A cancel is "never answered" only by a server that holds the call: one sent
+        # before the call reached it would end a call the server never saw.
+        wait_for(lambda: len(stalling.servicer.records) == 1, 30, "the server to take the call")
         inside = cancel_when_inside(reads, threading.get_ident(), stream.cancel)
         assert list(stream) == []
         ended = time.monotonic()
