@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-trace] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-floors] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -9,6 +9,8 @@
 # triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
 # launches).
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
+# wire-int4: bench/wire.py on issue 6's INT4 models (WIRE_SHAPES); wire-floors: the floor
+# RPC with gRPC's asyncio and sync servers, interleaved. ncu-w4a16: NCU_SPECS kernels.
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
