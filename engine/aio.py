@@ -36,15 +36,16 @@ def coalesce(
     slowly) then sends fewer, larger messages instead of a growing backlog of one-token
     ones; it never waits for more: what has not arrived yet is not waited for, so the
     first token of a completion goes out alone, as soon as it exists."""
-    parts = [first]
-    while True:
-        try:
-            item = queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return (first if len(parts) == 1 else join(parts)), None
+    if queue.empty():  # the usual case, once per token: no exception raised for it
+        return first, None
+    parts, held = [first], None
+    while not queue.empty():
+        item = queue.get_nowait()
         if not joinable(first, item):
-            return (first if len(parts) == 1 else join(parts)), item
+            held = item
+            break
         parts.append(item)
+    return (first if len(parts) == 1 else join(parts)), held
 
 
 def join_tokens(events: list[TokenEvent]) -> TokenEvent:
