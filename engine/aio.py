@@ -17,6 +17,7 @@ from nib.engine.request import (
     Timings,
     TokenEvent,
     Usage,
+    unix_ms,
 )
 
 T = TypeVar("T")
@@ -103,7 +104,11 @@ class Completion:
                 DoneEvent(
                     reason,
                     Usage(prompt_tokens=self.prompt_tokens),
-                    Timings(queue_ms=waited_ms, total_ms=waited_ms),
+                    Timings(
+                        queue_ms=waited_ms,
+                        total_ms=waited_ms,
+                        arrival_unix_ms=unix_ms(self._submitted),
+                    ),
                 )
             )
 

@@ -47,6 +47,7 @@ from nib.engine.request import (
     Timings,
     TokenEvent,
     Usage,
+    unix_ms,
 )
 from nib.engine.sampling import Sampler
 from nib.engine.selfcheck import SelfCheckReport, SelfCheckStatus
@@ -436,7 +437,8 @@ class Engine:
         queue_ms = (start - job.arrival) * 1e3
         if job.handle.cancelled:
             usage = Usage(prompt_tokens=len(job.prompt_ids))
-            self._emit(job, DoneEvent(job.handle.reason, usage, Timings(queue_ms=queue_ms)))
+            timings = Timings(queue_ms=queue_ms, arrival_unix_ms=unix_ms(job.arrival))
+            self._emit(job, DoneEvent(job.handle.reason, usage, timings))
             return
         plan = self.healer.plan(job.prompt_ids) if self.healer else HealPlan(job.prompt_ids, "")
         prompt = plan.prompt_ids
@@ -611,6 +613,7 @@ class _Output:
             ttft_ms=((stamps[0] if stamps else end) - job.arrival) * 1e3,
             total_ms=(end - job.arrival) * 1e3,
             inter_token_ms=tuple((b - a) * 1e3 for a, b in itertools.pairwise(stamps)),
+            arrival_unix_ms=unix_ms(job.arrival),
         )
         usage = Usage(len(job.prompt_ids), self.completion, cached_prompt_tokens=self.cached)
         self.engine._emit(job, DoneEvent(self.finish, usage, timings, stop=self.stop_hit))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 from nib.engine.errors import EngineError
@@ -69,6 +70,13 @@ class Timings:
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     inter_token_ms: tuple[float, ...] = ()
+    # The arrival on the Unix clock (ms), which the other figures count from.
+    arrival_unix_ms: float = 0.0
+
+
+def unix_ms(stamp: float) -> float:
+    """A time.perf_counter() stamp on the Unix clock, in milliseconds."""
+    return (time.time() - (time.perf_counter() - stamp)) * 1e3
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,9 @@ class StreamState:
         self.stop = done.stop
         u, t = done.usage, done.timings
         self.usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens)
-        self.timings = Timings(t.queue_ms, t.ttft_ms, t.total_ms, tuple(t.inter_token_ms))
+        self.timings = Timings(
+            t.queue_ms, t.ttft_ms, t.total_ms, tuple(t.inter_token_ms), t.arrival_unix_ms
+        )
         if self.finish_reason is None:
             self.finish_reason = _FINISH.get(done.finish_reason, FinishReason.UNSPECIFIED)
         if done.finish_reason == pb.FINISH_REASON_ERROR:

@@ -33,6 +33,9 @@ class Timings:
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     inter_token_ms: tuple[float, ...] = ()
+    # When the server took the request, in ms since the Unix epoch by its clock (0:
+    # unknown); with the figures above it places each token on that clock.
+    arrival_unix_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ def done_to_pb(event: DoneEvent) -> pb.Done:
             ttft_ms=t.ttft_ms,
             total_ms=t.total_ms,
             inter_token_ms=t.inter_token_ms,
+            arrival_unix_ms=t.arrival_unix_ms,
         ),
         error=event.error,
     )

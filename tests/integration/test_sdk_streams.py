@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -125,8 +126,12 @@ async def test_async_stream_cancel_reaches_the_server(slow_server: ServerProcess
 
 def test_result_and_stream_agree(slow_server: ServerProcess) -> None:
     with Client(slow_server.address) as client:
+        sent = time.time() * 1e3
         streamed = client.complete("def f(x):", max_tokens=12, temperature=0.7, seed=5)
         text = "".join(streamed)
+        received = time.time() * 1e3
+        # Same host, same clock: the server's arrival stamp falls inside the call.
+        assert sent - 1 <= streamed.timings.arrival_unix_ms <= received + 1
         result = client.complete("def f(x):", max_tokens=12, temperature=0.7, seed=5).result()
     assert result.text == text == streamed.text  # same seed, same tokens
     assert result.finish_reason in ("length", "end_of_text")

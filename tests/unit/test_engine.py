@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,17 @@ def test_greedy_is_deterministic_and_counts_tokens(engine: Engine) -> None:
     assert done.usage.completion_tokens == sum(len(t.token_ids) for t in a)
     assert done.usage.prompt_tokens == len("def main():")  # byte-level tokenizer
     assert done.timings.ttft_ms > 0 and done.timings.total_ms >= done.timings.ttft_ms
+
+
+def test_timings_place_the_request_on_the_unix_clock(engine: Engine) -> None:
+    before = time.time() * 1e3
+    _, done = run(engine, "def main():", GenerationParams(max_tokens=8))
+    after = time.time() * 1e3
+    t = done.timings
+    # Arrival and the last token both lie inside the submit-to-done window.
+    assert before - 1 <= t.arrival_unix_ms <= after + 1
+    last = t.arrival_unix_ms + t.ttft_ms + sum(t.inter_token_ms)
+    assert t.arrival_unix_ms < last <= after + 1
 
 
 def test_seeded_sampling_repeats(engine: Engine) -> None:

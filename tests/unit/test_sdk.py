@@ -131,12 +131,15 @@ def test_state_accumulates_deltas_and_the_done() -> None:
             pb.FINISH_REASON_STOP,
             stop="\n",
             usage=pb.Usage(prompt_tokens=2, completion_tokens=4),
-            timings=pb.Timings(ttft_ms=5, total_ms=9, inter_token_ms=[1, 2, 1]),
+            timings=pb.Timings(
+                ttft_ms=5, total_ms=9, inter_token_ms=[1, 2, 1], arrival_unix_ms=1.5e12
+            ),
         )
     )
     assert s.done and s.finish_reason == FinishReason.STOP == "stop" and s.stop == "\n"
     assert s.text == "abc" and s.token_ids == [1, 2, 3, 4] and s.token_deltas == 3
     assert s.usage.completion_tokens == 4 and s.timings.inter_token_ms == (1, 2, 1)
+    assert s.timings.arrival_unix_ms == 1.5e12
     assert s._result().text == "abc"
 
 

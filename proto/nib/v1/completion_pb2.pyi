@@ -159,16 +159,18 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("queue_ms", "ttft_ms", "total_ms", "inter_token_ms")
+    __slots__ = ("queue_ms", "ttft_ms", "total_ms", "inter_token_ms", "arrival_unix_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     INTER_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     ttft_ms: float
     total_ms: float
     inter_token_ms: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., inter_token_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+    arrival_unix_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., inter_token_ms: _Optional[_Iterable[float]] = ..., arrival_unix_ms: _Optional[float] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
