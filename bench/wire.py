@@ -13,7 +13,9 @@ and once on one open `Session` (a message per completion on a stream opened
 once, as the LSP bridge and editor plugins keep it; keys prefixed `session_`).
 Then cancels completions on an SDK
 Session after k tokens and counts how many tokens, and how many engine steps,
-the engine still produced. Checks the figures against issue 6 (client median
+the engine still made after the cancel() call (on the server's clock, from
+Done.timings.arrival_unix_ms: client and server share the host's clock), and how
+many the client had not seen when it cancelled. Checks the figures against issue 6 (client median
 inter-token time at most the engine's + 0.15 ms, time to first token within
 1 ms of the engine's, a cancel stops generation within 2 steps), for each path;
 --strict makes a miss on either exit 2. Writes <out>/<date>-wire.json (rows merged by shape).
@@ -173,21 +175,34 @@ def step_boundary_ms(rep_gaps: list[list[float]]) -> float:
     return 0.5 * statistics.median(means) if means else 0.0
 
 
-def steps_after(engine_gaps: list[float], received: int, boundary_ms: float) -> int:
-    """Decode steps whose first token came after the client's `received`-th token.
-
-    engine_gaps[i] is the gap before token i + 2 (1-based); a token starts a step
-    when its gap is at least boundary_ms (every token does when boundary_ms is 0)."""
-    return sum(1 for g in engine_gaps[max(received - 1, 0) :] if g >= boundary_ms)
+def token_clock(arrival_unix_ms: float, ttft_ms: float, engine_gaps: list[float]) -> list[float]:
+    """When the engine had each token ready, on the server's Unix clock (ms), from a
+    Done's timings: arrival, then the time to the first token, then the gaps."""
+    return list(itertools.accumulate(engine_gaps, initial=arrival_unix_ms + ttft_ms))
 
 
-def cancel_at(stream: SessionStream, after: int, at_cancel: list[tuple[int, float]]) -> None:
+def made_since(
+    times_ms: list[float], engine_gaps: list[float], since_ms: float, boundary_ms: float
+) -> tuple[int, int]:
+    """(tokens, decode steps) the engine made after since_ms (same clock as times_ms).
+
+    engine_gaps[i] is the gap before token i + 1 (0-based); a token starts a step when
+    its gap is at least boundary_ms (every token does when boundary_ms is 0), and the
+    first token made after since_ms counts as a step whatever its gap: its step ended
+    after since_ms."""
+    late = [i for i, t in enumerate(times_ms) if t > since_ms]
+    steps = sum(1 for i in late if i == late[0] or engine_gaps[i - 1] >= boundary_ms)
+    return len(late), steps
+
+
+def cancel_at(stream: SessionStream, after: int, at_cancel: list[tuple[int, float, float]]) -> None:
     """On its own thread: cancel `stream` as soon as the SDK has taken `after` tokens in
     (tokens that bring no text never reach the caller's loop), and note in at_cancel how
-    many it had and when. Does nothing when the completion ended first."""
+    many it had and when (perf_counter, and the Unix clock in ms). Does nothing when the
+    completion ended first."""
     while not stream.done and len(stream.token_times) < after:
         time.sleep(0.0001)
-    at_cancel.append((len(stream.token_times), time.perf_counter()))
+    at_cancel.append((len(stream.token_times), time.perf_counter(), time.time() * 1e3))
     stream.cancel()
 
 
@@ -195,14 +210,17 @@ def cancel_overrun(
     address: str, prompt: str, after: int, reps: int, boundary_ms: float
 ) -> dict[str, object]:
     """Cancel greedy completions on an SDK Session once `after` tokens reached the
-    client: how many tokens (and engine steps) the engine produced after that."""
+    client: how many tokens (and engine steps) the engine made after the cancel() call,
+    on the server's clock (client and server share the host's), and how many the client
+    had not seen when it cancelled (those also count the ones already made and on their
+    way to it)."""
     from nib.sdk import Client
 
-    tokens, steps, cancel_ms, missed = [], [], [], []
+    tokens, steps, unseen, cancel_ms, last_ms, missed = [], [], [], [], [], []
     with Client(address) as client, client.session() as session:
         for _ in range(reps):
             stream = session.complete(prompt, max_tokens=max(1000, 4 * after))
-            at_cancel: list[tuple[int, float]] = []
+            at_cancel: list[tuple[int, float, float]] = []
             watcher = threading.Thread(
                 target=cancel_at, args=(stream, after, at_cancel), daemon=True
             )
@@ -215,10 +233,18 @@ def cancel_overrun(
                 continue
             if not stream.server_done.wait(60):
                 raise BenchFailure("the server never confirmed a cancel")
-            ((received, sent),) = at_cancel
+            ((received, sent, sent_unix_ms),) = at_cancel
             cancel_ms.append((time.perf_counter() - sent) * 1e3)
-            tokens.append(stream.usage.completion_tokens - received)
-            steps.append(steps_after(list(stream.timings.inter_token_ms), received, boundary_ms))
+            t = stream.timings
+            if not t.arrival_unix_ms:
+                raise BenchFailure("the server's Done carries no timings.arrival_unix_ms")
+            gaps = list(t.inter_token_ms)
+            times = token_clock(t.arrival_unix_ms, t.ttft_ms, gaps)
+            made, made_steps = made_since(times, gaps, sent_unix_ms, boundary_ms)
+            tokens.append(made)
+            steps.append(made_steps)
+            unseen.append(stream.usage.completion_tokens - received)
+            last_ms.append(times[-1] - sent_unix_ms)
     if not tokens:
         raise BenchFailure(
             f"no completion ran to {after} tokens to be cancelled: {missed}; lower --cancel-after"
@@ -229,6 +255,11 @@ def cancel_overrun(
         "cancel_overrun_tokens_max": max(tokens),
         "cancel_overrun_steps": steps,
         "cancel_overrun_steps_max": max(steps),
+        # Tokens the client had not seen at cancel(): the overrun plus those in flight.
+        "cancel_unseen_tokens": unseen,
+        "cancel_unseen_tokens_max": max(unseen),
+        # From cancel() to the engine's last token (server clock; < 0: none after it).
+        "cancel_to_last_token_ms": [round(x, 3) for x in last_ms],
         # From cancel() until the server's done reached the client (a round trip).
         "cancel_to_done_ms_median": statistics.median(cancel_ms),
         "cancel_missed": missed,
@@ -290,15 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--strict", action="store_true", help="exit 2 when issue 6 is missed")
+    parser.add_argument(
+        "--spin", type=int, default=0, help="keep CPUs awake with N spinners (bench/spin.py)"
+    )
     args = parser.parse_args(argv)
     random_shape = args.model is None and args.shape != "nib-tiny-code"
     if random_shape and args.device != "cuda":
         parser.error("random-weight shapes are built on the GPU; on the CPU give --model DIR")
     if min(args.new, args.reps, args.cancel_after, args.cancel_reps) < 1 or args.new < 2:
         parser.error("--new must be at least 2, --reps/--cancel-after/--cancel-reps at least 1")
+    if args.spin < 0:
+        parser.error("--spin must be at least 0")
     shape = args.shape if args.model is None else args.model.resolve().name
+    sys.path.insert(0, str(ROOT / "bench"))
+    from spin import spinners
+
     try:
-        row = measure(args, shape, random_shape)
+        with spinners(args.spin):
+            row = measure(args, shape, random_shape)
     except BenchFailure as exc:
         print(f"bench/wire.py: FAILED ({shape}, {args.device}): {exc}", file=sys.stderr)
         return 1
@@ -327,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     result["rows"] = [
         r
         for r in result["rows"]
-        if (r["shape"], r.get("device"), r.get("serve_args"))
-        != (shape, args.device, args.serve_arg)
+        if (r["shape"], r.get("device"), r.get("serve_args"), r.get("spin", 0))
+        != (shape, args.device, args.serve_arg, args.spin)
     ]
     result["rows"].append(row)
     result.update(_versions(args.device))
@@ -356,6 +396,7 @@ def measure(args: argparse.Namespace, shape: str, random_shape: bool) -> dict[st
                 "shape": shape,
                 "device": args.device,
                 "serve_args": args.serve_arg,
+                "spin": args.spin,
                 "new_tokens": args.new,
             }
             row.update(stream_stats(address, prompt, args.new, args.reps))

@@ -67,19 +67,31 @@ def test_tokens_without_text_are_timed(wire: ModuleType, tmp_path: Path) -> None
     assert row["tokens_per_completion"] == [16, 16]
     assert row["text_deltas_per_completion"] == [0, 0]  # what crashed the old bench
     assert row["client_first_text_ms_median"] is None
-    for key in ("client_inter_token_ms_median", "client_ttft_ms_median"):
-        assert row[key] > 0
+    # Tokens the server joined into one delta share a client stamp (gap 0): a client
+    # that fell behind this fast CPU model can see a median gap of 0, never less.
+    assert row["client_inter_token_ms_median"] >= 0 and row["client_ttft_ms_median"] > 0
+    assert all(1 <= d <= 16 for d in row["deltas_per_completion"])
     assert row["client_ttft_ms_median"] >= row["engine_ttft_ms_median"]
     assert len(row["cancel_overrun_tokens"]) == 2 and row["cancel_missed"] == []
     assert all(
-        0 <= s <= t
-        for s, t in zip(row["cancel_overrun_steps"], row["cancel_overrun_tokens"], strict=True)
+        0 <= s <= t <= u
+        for s, t, u in zip(
+            row["cancel_overrun_steps"],
+            row["cancel_overrun_tokens"],
+            row["cancel_unseen_tokens"],
+            strict=True,
+        )
     )
+    # The engine's last token came after the cancel exactly when it made any after it.
+    for made, last_ms in zip(
+        row["cancel_overrun_tokens"], row["cancel_to_last_token_ms"], strict=True
+    ):
+        assert (made > 0) == (last_ms > 0)
     assert isinstance(row["issue_6_met"], bool)
     # The same figures on one open Session (the editors' path), measured separately.
     assert row["session_tokens_per_completion"] == [16, 16]
-    for key in ("session_client_inter_token_ms_median", "session_client_ttft_ms_median"):
-        assert row[key] > 0
+    assert row["session_client_inter_token_ms_median"] >= 0
+    assert row["session_client_ttft_ms_median"] > 0
     assert row["session_client_ttft_ms_median"] >= row["session_engine_ttft_ms_median"]
     assert isinstance(row["issue_6_session_met"], bool)
 
@@ -101,10 +113,17 @@ def test_steps_after_a_cancel_group_the_tokens_of_one_verify(wire: ModuleType) -
     gaps = [0.01, 0.01, 2.0] * 4
     boundary = wire.step_boundary_ms([gaps])
     assert boundary == pytest.approx(0.5 * (2.02 / 3))
-    assert wire.steps_after(gaps, 3, boundary) == 4  # tokens 4, 7, 10, 13 start steps
-    assert wire.steps_after(gaps, 4, boundary) == 3  # 5 and 6 belong to 4's step
-    assert wire.steps_after([1.0] * 9, 8, wire.step_boundary_ms([[1.0] * 9])) == 2
-    assert wire.steps_after([1.0] * 9, 8, 0.0) == 2
+    times = wire.token_clock(1000.0, 5.0, gaps)  # arrival 1000 ms, first token at 1005
+    assert len(times) == 13 and times[0] == 1005.0
+    assert times[3] == pytest.approx(1007.02) and times[12] == pytest.approx(1013.08)
+    # Tokens 0-based 3, 6, 9, 12 start steps (their gap is 2 ms).
+    assert wire.made_since(times, gaps, 1006.0, boundary) == (10, 4)
+    # A cancel between the tokens of one step: the rest of it counts as one step.
+    assert wire.made_since(times, gaps, 1007.025, boundary) == (9, 4)
+    assert wire.made_since(times, gaps, 1013.08, boundary) == (0, 0)
+    assert wire.made_since(times, gaps, 0.0, boundary) == (13, 5)
+    plain = [1.0] * 8
+    assert wire.made_since(wire.token_clock(0.0, 1.0, plain), plain, 7.5, 0.5) == (2, 2)
     assert wire.step_boundary_ms([[], []]) == 0.0
 
 
