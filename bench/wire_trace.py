@@ -220,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=50073)
     p.add_argument("--serve-arg", action="append", default=[], help="extra `nib serve` argument")
     p.add_argument("--json", type=Path, help="also write the stamps and the summary here")
+    p.add_argument(
+        "--spin", type=int, default=0, help="keep CPUs awake with N spinners (bench/spin.py)"
+    )
     args = p.parse_args(argv)
+    if args.spin < 0:
+        p.error("--spin must be at least 0")
     if args.floor_server != "aio" and not args.floor:
         p.error("--floor-server chooses the floor's server: it needs --floor")
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,10 +235,18 @@ def main(argv: list[str] | None = None) -> int:
             from typing_trace import random_model_dir
 
             model_dir = random_model_dir(args.shape, Path(tmp) / "model")
-        rows, inter_token = measure(args, model_dir, Path(tmp))
+        sys.path.insert(0, str(ROOT / "bench"))
+        from spin import spinners
+
+        with spinners(args.spin):
+            rows, inter_token = measure(args, model_dir, Path(tmp))
     summary = report(rows, inter_token)
     if args.json is not None:
-        flavour = {"floor_server": args.floor_server if args.floor else None, "client": args.client}
+        flavour = {
+            "floor_server": args.floor_server if args.floor else None,
+            "client": args.client,
+            "spin": args.spin,
+        }
         args.json.write_text(
             json.dumps({"argv": sys.argv, "summary": summary, "rows": rows, **flavour})
         )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-floors] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-floors] [wake] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -10,7 +10,9 @@
 # launches).
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
 # wire-int4: bench/wire.py on issue 6's INT4 models (WIRE_SHAPES); wire-floors: the floor
-# RPC with gRPC's asyncio and sync servers, interleaved. ncu-w4a16: NCU_SPECS kernels.
+# RPC with gRPC's asyncio and sync servers, interleaved (WIRE_SPINS / FLOOR_SPINS: run them
+# with that many spinners too, bench/spin.py). wake: bench/wake_latency.py (WAKE_ARGS).
+# ncu-w4a16: NCU_SPECS kernels.
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
@@ -89,20 +91,28 @@ for step in ${*:-tests int4 typing decode}; do
               --impls "${DECODE_IMPLS:-nib-graphs,nib-int4-graphs,torch-int4-compile}" ;;
     wire) run wire ${WIRE_CAP:-200} python3 bench/wire.py --shape qwen2.5-coder-1.5b ;;
     wire-int4) # issue 6's models: both shapes with INT4 weights (one row each in the JSON)
+               # WIRE_SPINS: spinner counts (bench/spin.py) to run each shape with
                for shape in ${WIRE_SHAPES:-qwen2.5-coder-1.5b llama-2-7b}; do
-                 run "wire-int4-$shape" ${WIRE_CAP:-240} python3 bench/wire.py --shape "$shape" \
-                   --serve-arg=--quant=int4
+                 for spin in ${WIRE_SPINS:-0}; do
+                   run "wire-int4-$shape-spin$spin" ${WIRE_CAP:-240} python3 bench/wire.py --shape "$shape" \
+                     --serve-arg=--quant=int4 --spin "$spin"
+                 done
                done ;;
     wire-trace) run wire-trace ${TRACE_CAP:-110} python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b \
                   --json "$LOGS/wire-trace.json"
                 run wire-floor 60 python3 bench/wire_trace.py --floor --stub-ms 3,1.4 --json "$LOGS/wire-floor.json" ;;
     wire-floors) # the floor RPC (no nib in it) with gRPC's asyncio and sync servers, interleaved
+                 # FLOOR_SPINS: spinner counts (bench/spin.py) to run each flavour with
                  for round in 1 2; do
                    for server in aio sync; do
-                     run "wire-floor-$server-$round" 60 python3 bench/wire_trace.py --floor \
-                       --floor-server "$server" --stub-ms 3,1.4 --json "$LOGS/wire-floor-$server-$round.json"
+                     for spin in ${FLOOR_SPINS:-0}; do
+                       run "wire-floor-$server-$round-spin$spin" 60 python3 bench/wire_trace.py --floor \
+                         --floor-server "$server" --stub-ms 3,1.4 --spin "$spin" \
+                         --json "$LOGS/wire-floor-$server-$round-spin$spin.json"
+                     done
                    done
                  done ;;
+    wake) TAIL=20 run wake ${WAKE_CAP:-90} python3 bench/wake_latency.py --out bench/results ${WAKE_ARGS:-} ;;
     int4-sweeps) TAIL=20 run int4-sweeps ${SWEEPS_CAP:-200} python3 -m pytest -p no:cacheprovider -v --tb=short \
                    --durations=15 tests/unit/test_kernels.py \
                    tests/gpu/test_int4_kernels.py::test_split_k_counters_reset_between_calls \
