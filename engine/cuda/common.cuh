@@ -302,6 +302,13 @@ NIB_DEVICE float4 ld_cluster_f4(u32 addr) {
 #endif
   return v;
 }
+NIB_DEVICE float ld_cluster_f32(u32 addr) {
+  float v = 0.f;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#endif
+  return v;
+}
 NIB_DEVICE float2 ld_cluster_f2(u32 addr) {
   float2 v = make_float2(0.f, 0.f);
 #if __CUDA_ARCH__ >= 900

@@ -26,7 +26,10 @@
 // flight in registers, and accumulate each group in fp32 before applying its scale
 // (scale x sum of 128 products: no fp16 rounding of dequantised weights). Warps are
 // reduced through shared memory; split blocks write fp32 partials and the last one
-// to arrive (an atomic counter it resets) finishes. One launch, graph-safe.
+// to arrive (an atomic counter it resets) finishes. One launch, graph-safe. The "c"
+// kernels (sm_90) launch a split's blocks as one thread-block cluster instead: each
+// leaves its partials in its own shared memory, and after a cluster barrier the first
+// block sums them through distributed shared memory (no fence, atomic or L2 trip).
 //
 // Rows: M = 1 stages the activation slice in shared memory as fp16, after the
 // optional RMSNorm (the block sums the squares of the whole row first); M = 2..16
@@ -280,7 +283,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
 
 // Sum the warps' accumulators (shared memory), then split-K (partials + the last block
 // of a tile group finishes) and the epilogue.
-template <int MT, int R, int WARPS>
+template <int MT, int R, int WARPS, bool CL>
 NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (&acc)[R][MT][4],
                                   float* red, float* scratch) {
   constexpr int FRAG = R * MT * 4;
@@ -325,7 +328,36 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
       }
     }
   }
-  if (a.splits > 1) {
+  if (CL && a.splits > 1) {
+    // The cluster is this tile group's splits (rank = split): partials stay in each
+    // block's shared memory, [pair][2][32] after the scratch words, and block 0 sums
+    // them in split order (the global path's order) between two cluster barriers.
+    float* part = scratch + 64;
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = warp + q * WARPS;
+      if (pair < PAIRS) {
+        part[pair * 64 + lane] = fin[q][0];
+        part[pair * 64 + 32 + lane] = fin[q][1];
+      }
+    }
+    cluster_sync();
+    if (b.split == 0) {
+      const u32 base = smem_u32(part);
+      for (int s = 1; s < a.splits; ++s) {
+#pragma unroll
+        for (int q = 0; q < MINE; ++q) {
+          const int pair = warp + q * WARPS;
+          if (pair < PAIRS) {
+            fin[q][0] += ld_cluster_f32(cluster_map(base + (pair * 64 + lane) * 4, s));
+            fin[q][1] += ld_cluster_f32(cluster_map(base + (pair * 64 + 32 + lane) * 4, s));
+          }
+        }
+      }
+    }
+    cluster_sync();  // the other blocks' shared memory lives until block 0 has read it
+    if (b.split != 0) return;
+  } else if (a.splits > 1) {
     // Partials of this split: [tile group][split][pair][2][32].
     float* mine = a.ws + ((size_t)blockIdx.x * a.splits + b.split) * PAIRS * 64;
 #pragma unroll
@@ -370,7 +402,7 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
 // Register pipeline: each warp keeps PF groups of its loads in flight in registers.
 extern __shared__ __align__(128) unsigned char smem[];
 
-template <int MT, int R, int WARPS, int PF, bool SMEM_X>
+template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false>
 NIB_DEVICE void w4a16_body(const W4Args& a) {
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
@@ -419,7 +451,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
       }
     }
   }
-  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS, CL>(a, b, acc, red, scratch);
 }
 
 // Bulk-copy pipeline (sm_90): one thread streams each step's weights (WARPS groups of
@@ -488,7 +520,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
-  reduce_and_finish<MT, R, WARPS>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch);
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only
 #endif
@@ -542,11 +574,17 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
 }
 
 // The tile shapes w4a16.py may launch: w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_<s|g> (register
-// pipeline) and w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only).
+// pipeline), the same with a trailing c (split-K merged in a cluster, sm_90 only) and
+// w4a16_m<MT>_r<R>_w<WARPS>_n<NS>_<s|g>b (bulk copies, sm_90 only).
 #define W4_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                              \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
     w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
+  }
+#define W4_CLUSTER_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                      \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG##c(const W4Args a) {                    \
+    w4a16_body<MT, R, WARPS, PF, SMEM, true>(a);                                            \
   }
 #define W4_BULK_KERNEL(MT, R, WARPS, NS, SMEM, TAG)                                         \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
@@ -583,3 +621,12 @@ W4_BULK_KERNEL(2, 1, 4, 4, false, g)
 W4_BULK_KERNEL(2, 2, 4, 3, false, g)
 W4_BULK_KERNEL(1, 4, 4, 2, false, g)
 W4_BULK_KERNEL(2, 4, 4, 2, false, g)
+// Split-K merged in a thread-block cluster (sm_90): the split configs the step runs.
+W4_CLUSTER_KERNEL(1, 1, 4, 4, true, s)
+W4_CLUSTER_KERNEL(1, 1, 8, 2, true, s)
+W4_CLUSTER_KERNEL(1, 1, 8, 4, true, s)
+W4_CLUSTER_KERNEL(1, 2, 4, 2, true, s)
+W4_CLUSTER_KERNEL(1, 1, 4, 4, false, g)
+W4_CLUSTER_KERNEL(2, 1, 4, 4, false, g)
+W4_CLUSTER_KERNEL(1, 2, 4, 2, false, g)
+W4_CLUSTER_KERNEL(2, 2, 4, 2, false, g)

@@ -121,12 +121,13 @@ class W4Config:
     pf: int = 4
     splits: int = 1
     bulk: bool = False
+    cluster: bool = False  # the splits merge in a thread-block cluster (sm_90)
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
         if self.bulk:
             return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
-        return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}"
+        return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}{'c' if self.cluster else ''}"
 
 
 # The instantiations in w4a16.cu: (mt, r, warps, depth) per pipeline and activation source.
@@ -135,7 +136,12 @@ STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 4, 3), (1, 1, 8, 4), (1, 1, 8, 2), 
 STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2)}
 GLOBAL = {(1, 1, 4, 4), (1, 2, 4, 2), (2, 1, 4, 4), (2, 2, 4, 2), (1, 4, 4, 2), (2, 4, 4, 2)}
 GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4, 2), (2, 4, 4, 2)}
+# Split-K merged in a cluster (W4_CLUSTER_KERNEL): the register-pipeline shapes whose
+# split configs the decode and verify steps run.
+CLUSTER_STAGED = {(1, 1, 4, 4), (1, 1, 8, 2), (1, 1, 8, 4), (1, 2, 4, 2)}
+CLUSTER_GLOBAL = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2)}
 BULK_CAPABILITY = (9, 0)
+CLUSTER_CAPABILITY = (9, 0)
 
 # What start-up timing and bench/int4_linear.py try: every instantiation, 1, 2 or 4 splits
 # (2..16 rows: the tile shapes built for both one and two n8 tiles).
@@ -152,15 +158,28 @@ MULTI_ROW = tuple(
     if mt == 1 and (2, r, w, d) in table
     for s in (1, 2, 4)
 )
+ONE_ROW += tuple(
+    W4Config(r, w, d, s, cluster=True) for (_, r, w, d) in sorted(CLUSTER_STAGED) for s in (2, 4)
+)
+MULTI_ROW += tuple(
+    W4Config(r, w, d, s, cluster=True)
+    for (mt, r, w, d) in sorted(CLUSTER_GLOBAL)
+    if mt == 1 and (2, r, w, d) in CLUSTER_GLOBAL
+    for s in (2, 4)
+)
 
 
 def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
+    if cfg.cluster and capability < CLUSTER_CAPABILITY:
+        return False
     return not cfg.bulk or capability >= BULK_CAPABILITY
 
 
 def kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
+    elif cfg.cluster:
+        table, depth, tail = (CLUSTER_STAGED if staged else CLUSTER_GLOBAL), "p", "c"
     else:
         table, depth, tail = (STAGED if staged else GLOBAL), "p", ""
     if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
@@ -175,6 +194,8 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
+    if cfg.cluster:  # this split's partials, read by the cluster's first block
+        total += cfg.r * mt * 2 * 64 * 4  # [pair][2][32] floats
     if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
         total += cfg.pf * cfg.r * cfg.warps * (1024 + 32) + 16 * cfg.pf
     return total
@@ -272,13 +293,14 @@ class CudaInt4:
         r = _rows_of(cfg.r, self.tiles)
         groups = self.k // GROUP_SIZE
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
-        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk)
+        # One split has nothing to merge: the plain kernel of the same shape runs.
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""
         cfg = self.effective(cfg, m)
         mt = 2 if m > 8 else 1
-        if cfg.splits == 1 or (cfg, mt) in self._buffers:
+        if cfg.splits == 1 or cfg.cluster or (cfg, mt) in self._buffers:
             return
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"{self.name}: split-K buffers must exist before graph capture")
@@ -308,11 +330,13 @@ class CudaInt4:
             raise ValueError(f"{self.name}: w4a16 takes 1..{MAX_ROWS} rows, K <= {MAX_K_STAGED}")
         if cfg.bulk and not self.bulk_ok:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
+        if cfg.cluster and self.capability < CLUSTER_CAPABILITY:
+            raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (thread-block clusters)")
         kernel = self._module.kernel(kernel_name(mt, cfg, staged))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
         ws = counters = None
-        if cfg.splits > 1:
+        if cfg.splits > 1 and not cfg.cluster:
             self.prepare(cfg, m)
             ws, counters = self._buffers[(cfg, mt)]
         bias = self.bias
@@ -331,7 +355,8 @@ class CudaInt4:
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
         grid = (self.tiles // cfg.r, cfg.splits)
-        kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl)
+        cluster = (1, cfg.splits, 1) if cfg.cluster else None
+        kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl, cluster=cluster)
 
     # -- what Int4Linear calls -------------------------------------------------------
 

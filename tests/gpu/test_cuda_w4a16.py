@@ -184,6 +184,39 @@ def test_split_counters_reset_and_results_repeat() -> None:
     _compare(first, x.float() @ w32.t(), "split 4", torch.float16)
 
 
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("splits", [2, 4])
+def test_cluster_merge_equals_the_global_merge_bit_for_bit(m: int, splits: int) -> None:
+    """Split-K merged in a thread-block cluster sums the same partials in the same
+    order as the global merge: the outputs are identical, the fused residual epilogue
+    included, and a captured graph replays them."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    p, w32 = packed("qwen2.5-1.5b.down", "residual" if m == 1 else "")
+    plain = W4Config(1, 4, 4, splits)
+    clustered = W4Config(1, 4, 4, splits, cluster=True)
+    assert p.effective(clustered, m).cluster and p.effective(clustered, m).splits == splits
+    x = _x(p.k, m)
+    res = torch.randn(m, p.n, device="cuda").half()
+    outs = []
+    for cfg in (plain, clustered):
+        out = res.clone()
+        p.run(x, out, m, cfg, 1 if m == 1 else 0)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
+    ref = x.float() @ w32.t() + (res.float() if m == 1 else 0)
+    _compare(outs[1], ref, f"cluster s{splits} m={m}", torch.float16)
+    graph_out = res.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        p.run(x, graph_out, m, clustered, 1 if m == 1 else 0)
+    graph_out.copy_(res)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, outs[1])
+
+
 def test_graph_replay_with_new_inputs() -> None:
     """A captured sequence norm -> residual -> glu (split-K on) replays right on new inputs."""
     dtype = torch.bfloat16

@@ -36,7 +36,9 @@ def test_every_w4a16_config_has_a_kernel() -> None:
     text = (build.HERE / "w4a16.cu").read_text()
 
     def defined(mt: int, cfg: w4a16.W4Config, staged: bool) -> bool:
-        macro = "W4_BULK_KERNEL" if cfg.bulk else "W4_KERNEL"
+        macro = (
+            "W4_BULK_KERNEL" if cfg.bulk else "W4_CLUSTER_KERNEL" if cfg.cluster else "W4_KERNEL"
+        )
         src = "true, s" if staged else "false, g"
         return f"{macro}({mt}, {cfg.r}, {cfg.warps}, {cfg.pf}, {src})" in text
 
@@ -46,6 +48,7 @@ def test_every_w4a16_config_has_a_kernel() -> None:
         for mt in (1, 2):
             assert defined(mt, cfg, False), w4a16.kernel_name(mt, cfg, False)
     assert any(c.bulk for c in w4a16.ONE_ROW) and any(not c.bulk for c in w4a16.ONE_ROW)
+    assert any(c.cluster for c in w4a16.ONE_ROW) and any(c.cluster for c in w4a16.MULTI_ROW)
 
 
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
