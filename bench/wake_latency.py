@@ -42,13 +42,18 @@ def _echo_fd(rfd: int, wfd: int) -> None:
         os.write(wfd, b"x")
 
 
-def _times(send: Callable[[], None], recv: Callable[[], None], iters: int) -> list[float]:
-    """Round trips in microseconds, after a warm-up."""
+def _times(
+    send: Callable[[], None], recv: Callable[[], None], iters: int, idle_s: float
+) -> list[float]:
+    """Round trips in microseconds, after a warm-up; idle_s: both sides wait that long
+    (asleep) before each one, as between a request and the token that answers it."""
     for _ in range(min(200, iters)):
         send()
         recv()
     out = []
     for _ in range(iters):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter_ns()
         send()
         recv()
@@ -61,7 +66,7 @@ def _pin(cpu: int | None) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def ping_pipe(iters: int, cpus: tuple[int, int] | None = None) -> list[float]:
+def ping_pipe(iters: int, idle_s: float, cpus: tuple[int, int] | None = None) -> list[float]:
     child_r, parent_w = os.pipe()  # parent -> child
     parent_r, child_w = os.pipe()  # child -> parent
     pid = os.fork()
@@ -77,7 +82,7 @@ def ping_pipe(iters: int, cpus: tuple[int, int] | None = None) -> list[float]:
     os.close(child_w)
     before = _pinned(cpus)
     try:
-        return _times(lambda: os.write(parent_w, b"x"), lambda: _read1(parent_r), iters)
+        return _times(lambda: os.write(parent_w, b"x"), lambda: _read1(parent_r), iters, idle_s)
     finally:
         os.close(parent_w)
         os.close(parent_r)
@@ -97,7 +102,7 @@ def _pinned(cpus: tuple[int, int] | None) -> set[int]:
     return before
 
 
-def ping_tcp(iters: int, cpus: tuple[int, int] | None = None) -> list[float]:
+def ping_tcp(iters: int, idle_s: float, cpus: tuple[int, int] | None = None) -> list[float]:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     pid = os.fork()
@@ -120,20 +125,20 @@ def ping_tcp(iters: int, cpus: tuple[int, int] | None = None) -> list[float]:
             raise RuntimeError("the echo side closed the connection")
 
     try:
-        return _times(lambda: sock.sendall(b"x"), recv, iters)
+        return _times(lambda: sock.sendall(b"x"), recv, iters, idle_s)
     finally:
         sock.close()
         os.waitpid(pid, 0)
         os.sched_setaffinity(0, before)
 
 
-def ping_thread(iters: int) -> list[float]:
+def ping_thread(iters: int, idle_s: float) -> list[float]:
     echo_r, main_w = os.pipe()  # main -> echo thread
     main_r, echo_w = os.pipe()  # echo thread -> main
     echo = threading.Thread(target=_echo_fd, args=(echo_r, echo_w), daemon=True)
     echo.start()
     try:
-        return _times(lambda: os.write(main_w, b"x"), lambda: _read1(main_r), iters)
+        return _times(lambda: os.write(main_w, b"x"), lambda: _read1(main_r), iters, idle_s)
     finally:
         os.close(main_w)  # the echo thread reads the end and returns
         echo.join(5)
@@ -150,12 +155,12 @@ def _two_cpus() -> tuple[int, int]:
 
 # "-xcpu": the two sides pinned to two different CPUs, as an event loop and a client
 # that the scheduler spreads over the machine are.
-PINGS: dict[str, Callable[[int], list[float]]] = {
+PINGS: dict[str, Callable[[int, float], list[float]]] = {
     "pipe": ping_pipe,
     "tcp": ping_tcp,
     "thread": ping_thread,
-    "pipe-xcpu": lambda n: ping_pipe(n, _two_cpus()),
-    "tcp-xcpu": lambda n: ping_tcp(n, _two_cpus()),
+    "pipe-xcpu": lambda n, idle: ping_pipe(n, idle, _two_cpus()),
+    "tcp-xcpu": lambda n, idle: ping_tcp(n, idle, _two_cpus()),
 }
 
 
@@ -202,15 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--iters", type=int, default=3000, help="round trips per measurement")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--idle-ms",
+        default="0,2",
+        help="comma-separated sleeps before each round trip (default: none, and 2 ms: "
+        "a CPU that idled between a request and its answer)",
+    )
     p.add_argument("--transport", action="append", choices=TRANSPORTS, help="default: all")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     try:
         counts = [int(c) for c in args.spin.split(",")]
+        idles = [float(i) for i in args.idle_ms.split(",")]
     except ValueError:
-        p.error(f"--spin takes comma-separated integers, got {args.spin!r}")
-    if any(c < 0 for c in counts) or args.iters < 1 or args.rounds < 1:
-        p.error("--spin counts must be >= 0, --iters and --rounds >= 1")
+        p.error(f"--spin takes integers, --idle-ms numbers: {args.spin!r}, {args.idle_ms!r}")
+    if any(c < 0 for c in counts) or any(i < 0 for i in idles):
+        p.error("--spin counts and --idle-ms values must be >= 0")
+    if args.iters < 1 or args.rounds < 1:
+        p.error("--iters and --rounds must be at least 1")
     transports = args.transport or list(TRANSPORTS)
     rows = []
     for rnd in range(args.rounds):
@@ -218,35 +232,42 @@ def main(argv: list[str] | None = None) -> int:
             with spinners(count):
                 time.sleep(0.2)  # let the spinners reach their loops
                 for transport in transports:
-                    us = sorted(PINGS[transport](args.iters))
-                    row = {
-                        "transport": transport,
-                        "spin": count,
-                        "round": rnd,
-                        "iters": args.iters,
-                        "median_us": round(statistics.median(us), 2),
-                        "p90_us": round(us[int(0.9 * (len(us) - 1))], 2),
-                        "p99_us": round(us[int(0.99 * (len(us) - 1))], 2),
-                    }
-                    rows.append(row)
-                    print(
-                        f"round {rnd} spin {count:>3} {transport:>6}: median "
-                        f"{row['median_us']:8.1f} us, p90 {row['p90_us']:8.1f}, "
-                        f"p99 {row['p99_us']:8.1f}",
-                        flush=True,
-                    )
+                    for idle_ms in idles:
+                        # Idle round trips take idle_ms each: fewer of them, same time.
+                        iters = args.iters if not idle_ms else max(50, args.iters // 10)
+                        us = sorted(PINGS[transport](iters, idle_ms / 1e3))
+                        row = {
+                            "transport": transport,
+                            "spin": count,
+                            "idle_ms": idle_ms,
+                            "round": rnd,
+                            "iters": iters,
+                            "median_us": round(statistics.median(us), 2),
+                            "p90_us": round(us[int(0.9 * (len(us) - 1))], 2),
+                            "p99_us": round(us[int(0.99 * (len(us) - 1))], 2),
+                        }
+                        rows.append(row)
+                        print(
+                            f"round {rnd} spin {count:>3} idle {idle_ms:g} ms {transport:>9}: "
+                            f"median {row['median_us']:8.1f} us, p90 {row['p90_us']:8.1f}, "
+                            f"p99 {row['p99_us']:8.1f}",
+                            flush=True,
+                        )
     summary = {
-        f"{t}_spin{c}_median_us": round(
+        f"{t}_spin{c}_idle{i:g}_median_us": round(
             statistics.median(
-                r["median_us"] for r in rows if r["transport"] == t and r["spin"] == c
+                r["median_us"]
+                for r in rows
+                if r["transport"] == t and r["spin"] == c and r["idle_ms"] == i
             ),
             2,
         )
         for t in transports
         for c in counts
+        for i in idles
     }
     for key, value in summary.items():
-        print(f"  {key:>28} {value:9.1f}")
+        print(f"  {key:>36} {value:9.1f}")
     today = dt.date.today().isoformat()
     result = {
         "date": today,

@@ -1,9 +1,9 @@
-"""`nib serve` with timestamps along one Complete call's path, for bench/wire_trace.py.
+"""`nib serve` with timestamps along a completion's path, for bench/wire_trace.py.
 
     python3 bench/wire_probes.py OUT.json [nib serve arguments...]
 
-Wraps (at run time, nothing in the service changes) the functions a Complete call
-passes through and records (label, time.perf_counter_ns()) for each; at exit the list
+Wraps (at run time, nothing in the service changes) the functions a Complete call, or a
+completion on an open Session, passes through and records (label, time.perf_counter_ns()) for each; at exit the list
 goes to OUT.json. Only a request's first pass through a probe counts (see
 wire_trace.split). NIB_TRACE_STUB="PREFILL_MS,STEP_MS" replaces the model's forward by a
 wait of that long with the GIL released and logits that always pick one ordinary token
@@ -87,9 +87,25 @@ def first_item(owner: Any, name: str, label: str, keep: Callable[[Any], bool]) -
     setattr(owner, name, wrapper)
 
 
+def first_per_request(owner: Any, name: str, label: str) -> None:
+    """Stamp `label` when the async generator owner.name yields the first delta of each
+    request (a Session's stream carries one completion after another)."""
+    inner = getattr(owner, name)
+
+    async def wrapper(*args: Any, **kw: Any) -> AsyncIterator[Any]:
+        seen: set[str] = set()
+        async for item in inner(*args, **kw):
+            if item.HasField("delta") and item.request_id not in seen:
+                seen.add(item.request_id)
+                stamp(label)
+            yield item
+
+    setattr(owner, name, wrapper)
+
+
 def install() -> None:
     from nib.engine import engine
-    from nib.service import interceptors, ledger, servicer
+    from nib.service import interceptors, ledger, servicer, session
 
     outer: list[object] = []
     intercept = interceptors.GuardInterceptor.intercept_service
@@ -101,6 +117,9 @@ def install() -> None:
         return await intercept(self, continuation, details)
 
     interceptors.GuardInterceptor.intercept_service = intercept_service  # type: ignore[method-assign]
+    # On a Session the call is open already: a completion starts when its start message
+    # is read off the stream (stamped as "intercept", where bench/wire_trace.split cuts).
+    before(session.SessionStream, "_start", "intercept")
     before(ledger.Ledger, "open", "handler")
     after(ledger.convert, "spec_from_pb", "parsed")
     after(engine.Engine, "encode_prompt", "tokenised")
@@ -127,6 +146,7 @@ def install() -> None:
         "yielded",
         lambda message: message.HasField("delta"),
     )
+    first_per_request(servicer.CompletionServicer, "Session", "yielded")
 
 
 def main() -> int:

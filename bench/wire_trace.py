@@ -1,10 +1,11 @@
-"""Where a Complete call's time to first token goes, hop by hop, client to engine and back.
+"""Where a completion's time to first token goes, hop by hop, client to engine and back.
 
     python3 bench/wire_trace.py --device cpu --stub-ms 3,1.9     # a GPU engine's host path
     python3 bench/wire_trace.py --device cpu                     # the shipped model
     python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b       # GPU host
     python3 bench/wire_trace.py --floor --stub-ms 3,1.9          # gRPC alone: the floor
     python3 bench/wire_trace.py --floor --floor-server sync --client aio --stub-ms 3,1.9
+    python3 bench/wire_trace.py --path session --device cpu --stub-ms 3,1.9   # one open Session
 
 Runs a server in a child process with timestamps along the path of every request
 (bench/wire_probes.py: nothing in the service changes), streams greedy completions
@@ -22,6 +23,9 @@ through the SDK's AsyncClient instead of Client (either with or without --floor)
 floor can be split between gRPC's server and client flavours. --stub-ms replaces the
 model's forward by a wait (GIL released, as a GPU sync) so that the CPU engine's
 kernels do not take the cores the hops need (a 2-core machine has no core to spare).
+--path session sends every completion as a message on one open Session (the editors'
+path) instead of a Complete call each: there `intercept` is the server reading the
+start message off the stream, and there is no per-call set-up or interceptor.
 """
 
 from __future__ import annotations
@@ -154,6 +158,25 @@ async def run_aio_client(address: str, reps: int, new: int) -> tuple[list[dict[s
     return rows, gaps
 
 
+def run_session_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
+    """As run_client, each completion a message on one open Session of the SDK's Client."""
+    from nib.sdk import Client
+
+    rows: list[dict[str, int]] = []
+    gaps = Gaps([], [])
+    with Client(address) as client, client.session() as session:
+        client.wait_ready(600)
+        for _ in range(WARM_UP):
+            session.complete(PROMPT, max_tokens=new).result()
+        for _ in range(reps):
+            sent = time.perf_counter_ns()
+            stream = session.complete(PROMPT, max_tokens=new)
+            called = time.perf_counter_ns()
+            stream.result()
+            record(rows, gaps, sent, called, stream)
+    return rows, gaps
+
+
 def measure(
     args: argparse.Namespace, model_dir: Path | None, tmp: Path
 ) -> tuple[list[dict[str, int]], Gaps]:
@@ -162,7 +185,9 @@ def measure(
     proc = subprocess.Popen(server_command(args, out, model_dir), env=env)
     try:
         address = f"127.0.0.1:{args.port}"
-        if args.client == "aio":
+        if args.path == "session":
+            client, gaps = run_session_client(address, args.reps, args.new)
+        elif args.client == "aio":
             client, gaps = asyncio.run(run_aio_client(address, args.reps, args.new))
         else:
             client, gaps = run_client(address, args.reps, args.new)
@@ -215,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         "--floor-server", choices=("aio", "sync"), default="aio", help="gRPC's server (--floor)"
     )
     p.add_argument("--client", choices=("sync", "aio"), default="sync", help="the SDK's client")
+    p.add_argument(
+        "--path",
+        choices=("complete", "session"),
+        default="complete",
+        help="a Complete call per completion, or a message each on one open Session",
+    )
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--port", type=int, default=50073)
@@ -228,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--spin must be at least 0")
     if args.floor_server != "aio" and not args.floor:
         p.error("--floor-server chooses the floor's server: it needs --floor")
+    if args.path == "session" and (args.floor or args.client != "sync"):
+        p.error("--path session runs nib's server and the SDK's sync Client only")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None and args.shape != "nib-tiny-code" and not args.floor:
@@ -245,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         flavour = {
             "floor_server": args.floor_server if args.floor else None,
             "client": args.client,
+            "path": args.path,
             "spin": args.spin,
         }
         args.json.write_text(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-floors] [wake] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -12,6 +12,7 @@
 # wire-int4: bench/wire.py on issue 6's INT4 models (WIRE_SHAPES); wire-floors: the floor
 # RPC with gRPC's asyncio and sync servers, interleaved (WIRE_SPINS / FLOOR_SPINS: run them
 # with that many spinners too, bench/spin.py). wake: bench/wake_latency.py (WAKE_ARGS).
+# wire-trace-int4: bench/wire_trace.py on the 1.5B INT4 model, per TRACE_PATHS.
 # ncu-w4a16: NCU_SPECS kernels.
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
@@ -101,6 +102,12 @@ for step in ${*:-tests int4 typing decode}; do
     wire-trace) run wire-trace ${TRACE_CAP:-110} python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b \
                   --json "$LOGS/wire-trace.json"
                 run wire-floor 60 python3 bench/wire_trace.py --floor --stub-ms 3,1.4 --json "$LOGS/wire-floor.json" ;;
+    wire-trace-int4) # hop by hop on the 1.5B INT4 model; TRACE_PATHS: complete and/or session
+                     for path in ${TRACE_PATHS:-complete session}; do
+                       run "wire-trace-int4-$path" ${TRACE_CAP:-150} python3 bench/wire_trace.py \
+                         --shape qwen2.5-coder-1.5b --serve-arg=--quant=int4 --path "$path" \
+                         --reps 100 --json "$LOGS/wire-trace-int4-$path.json"
+                     done ;;
     wire-floors) # the floor RPC (no nib in it) with gRPC's asyncio and sync servers, interleaved
                  # FLOOR_SPINS: spinner counts (bench/spin.py) to run each flavour with
                  for round in 1 2; do

@@ -87,3 +87,31 @@ def test_the_floor_server_flavour_needs_the_floor() -> None:
     with pytest.raises(SystemExit) as exit_info:
         load("wire_trace").main(["--floor-server", "sync"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.slow
+def test_the_trace_follows_completions_on_one_open_session(tmp_path: Path) -> None:
+    # nib's own server (shipped model, stubbed forward), every completion a message on
+    # one Session: each one's hops are stamped, in order, from its start message on.
+    trace = load("wire_trace")
+    out = tmp_path / "trace.json"
+    argv = ["--path", "session", "--device", "cpu", "--stub-ms", "2,1", "--reps", "3"]
+    argv += ["--new", "4", "--port", str(free_port()), "--json", str(out)]
+    assert trace.main(argv) == 0
+    written = json.loads(out.read_text())
+    assert written["path"] == "session" and len(written["rows"]) == 3
+    for row in written["rows"]:
+        # "sink" is stamped when the engine's token() returns, which the event loop can
+        # beat to its own stamp (it has the event by then): it has no place in the order.
+        path = [label for label in trace.ORDER if label in row and label != "sink"]
+        for label in ("intercept", "handler", "submit", "first_token", "yielded"):
+            assert label in path, (label, row)
+        assert [row[label] for label in path] == sorted(row[label] for label in path)
+    assert written["summary"]["engine_ttft_ms"] >= 2.0
+    assert written["summary"]["client_ttft_ms"] > written["summary"]["engine_ttft_ms"]
+
+
+def test_a_session_trace_runs_nibs_server_only() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load("wire_trace").main(["--path", "session", "--floor"])
+    assert exit_info.value.code == 2
