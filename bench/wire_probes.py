@@ -126,6 +126,12 @@ def install() -> None:
     before(engine.Engine, "submit", "submit")
     after(engine.Engine, "submit", "queued")
     before(engine.Engine, "_serve", "picked")
+    # What the engine thread does between taking the job and calling the model.
+    from nib.engine import graphs, healing, prefix_cache
+
+    after(healing.TokenHealer, "plan", "healed")
+    after(prefix_cache.PrefixCache, "acquire", "prefix_found")
+    before(graphs.GraphRunner, "set_first_bias", "output_ready")
     before(engine.Engine, "_decode_cpu", "prefill")
     before(engine.Engine, "_decode_gpu", "prefill")
     token = engine._Output.token

@@ -61,6 +61,9 @@ ORDER = (
     "submit",  # Engine.submit: the engine's clock starts (job.arrival)
     "queued",  # submit returned
     "picked",  # the engine thread took the job
+    "healed",  # token healing's plan for the prompt's last token
+    "prefix_found",  # the prefix cache said how much of the prompt it holds
+    "output_ready",  # the token stream's state is built (GPU: the first-token bias is next)
     "prefill",  # the model is called for the prompt
     "first_token",  # the engine's own stamp of its first token (its TTFT ends here)
     "sink",  # _Output.token returned: the event is on its way to the event loop
