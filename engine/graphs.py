@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -135,8 +134,6 @@ class GraphRunner:
         # Added to the prefill's logits before the first token is chosen (token healing).
         self.first_bias = torch.zeros(cfg.vocab_size, device=device)
         self._first_bias_clear = True
-        # The tensor first_bias was last copied from (weakly: the healer's cache owns it).
-        self._first_bias_src: weakref.ref[torch.Tensor] | None = None
         self.on_fallback = on_fallback  # told each time a shape runs eagerly for want of a graph
         self.last_logits = torch.zeros(cfg.vocab_size, device=device)
         self.stream = torch.cuda.Stream(device)
@@ -335,17 +332,8 @@ class GraphRunner:
             self.sampler.set_request(params, seed)
 
     def set_first_bias(self, bias: torch.Tensor | None) -> None:
-        """Restrict the next prefill's token (None: no restriction), on our stream.
-
-        Copies only what changes: the buffer already holds no bias, or the very tensor
-        given (the healer's cached rows are never written, TokenHealer.bias, and a prompt
-        that ends in indentation heals the same text request after request). On the H200
-        host the copy and its stream switch took ~0.15 ms of each such request's time to
-        first token."""
-        if bias is None:
-            if self._first_bias_clear:
-                return
-        elif self._first_bias_src is not None and self._first_bias_src() is bias:
+        """Restrict the next prefill's token (None: no restriction), on our stream."""
+        if bias is None and self._first_bias_clear:
             return
         with torch.cuda.stream(self.stream):
             if bias is None:
@@ -353,7 +341,6 @@ class GraphRunner:
             else:
                 self.first_bias.copy_(bias, non_blocking=True)
         self._first_bias_clear = bias is None
-        self._first_bias_src = None if bias is None else weakref.ref(bias)
 
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)

@@ -287,38 +287,6 @@ def test_runner_greedy_decoding_equals_the_torch_path(runners) -> None:  # type:
     assert torch_runner.greedy is None
 
 
-def test_first_bias_is_copied_only_when_it_changes(runners) -> None:  # type: ignore[no-untyped-def]
-    runner, _ = runners
-    vocab = runner.model.cfg.vocab_size
-    a = torch.randn(vocab, device=CUDA)
-    b = torch.randn(vocab, device=CUDA)
-    copies = []
-    real_copy = runner.first_bias.copy_
-
-    def counting_copy(src, non_blocking=False):  # type: ignore[no-untyped-def]
-        copies.append(src)
-        return real_copy(src, non_blocking=non_blocking)
-
-    runner.first_bias.copy_ = counting_copy
-    try:
-        for bias, copied, held in (
-            (a, 1, a),  # new: copied
-            (a, 1, a),  # the same tensor again: nothing to do
-            (b, 2, b),  # another tensor: copied
-            (None, 2, None),  # cleared (zero_, not a copy)
-            (None, 2, None),
-            (a, 3, a),  # after a clear the same tensor is copied again
-        ):
-            runner.set_first_bias(bias)
-            torch.cuda.synchronize()
-            assert len(copies) == copied
-            expect = torch.zeros(vocab, device=CUDA) if held is None else held
-            assert torch.equal(runner.first_bias, expect)
-    finally:
-        del runner.first_bias.copy_
-        runner.set_first_bias(None)
-
-
 def test_runner_token_healing_and_verify_equal_the_torch_path(runners) -> None:  # type: ignore[no-untyped-def]
     cuda_runner, torch_runner = runners
     vocab = cuda_runner.model.cfg.vocab_size
