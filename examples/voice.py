@@ -5,7 +5,7 @@ buffers the deltas and hands over each sentence the moment it is complete,
 never waiting for the whole completion. When the listener starts talking
 (barge-in) the generation is cancelled on the server at once.
 
-    python examples/voice.py [HOST:PORT] [--barge-in-after SECONDS]
+    python examples/voice.py [HOST:PORT] [--barge-in-after SECONDS] [--max-tokens N]
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ async def sentences(deltas: AsyncIterable[str], max_chars: int = 160) -> AsyncIt
         yield buffer.strip()
 
 
-async def speak(address: str, prompt: str, barge_in_after: float | None) -> None:
+async def speak(
+    address: str, prompt: str, barge_in_after: float | None, max_tokens: int = 80
+) -> None:
     async with AsyncClient(address, timeout=120) as client:
         await client.wait_ready(timeout=30)
         start = time.perf_counter()
-        stream = client.complete(prompt, max_tokens=80, temperature=0.7, seed=11)
+        stream = client.complete(prompt, max_tokens=max_tokens, temperature=0.7, seed=11)
 
         async def say_all() -> None:
             async for sentence in sentences(stream):
@@ -81,8 +83,9 @@ def main() -> None:
     )
     parser.add_argument("--prompt", default="# Explain what a hash map is, in three sentences.\n")
     parser.add_argument("--barge-in-after", type=float, help="cancel after this many seconds")
+    parser.add_argument("--max-tokens", type=int, default=80, help="the reply's length limit")
     args = parser.parse_args()
-    asyncio.run(speak(args.address, args.prompt, args.barge_in_after))
+    asyncio.run(speak(args.address, args.prompt, args.barge_in_after, args.max_tokens))
 
 
 if __name__ == "__main__":

@@ -143,16 +143,19 @@ def assert_engine_free(client: Client) -> None:
 def assert_cancelled_on_server(
     server: ServerProcess, request_id: str, *causes: str, within_ms: float | None = None
 ) -> None:
-    """The server's own record of the completion: it ended early, for one of `causes`:
-    before 200 tokens, or (within_ms, for a deadline, where a fast machine makes more
-    tokens in the time) within that long of its arrival."""
+    """The server's own record of the completion: it ended early, for one of `causes`,
+    and stopped soon after the cancel reached it (its cancel_to_done_ms: a decode step
+    is milliseconds here, so 500 ms leaves room for a loaded machine); within_ms (a
+    deadline's test): the whole completion, from its arrival, took less than that.
+
+    No bound on the tokens made: how many a test's second of generation makes depends
+    on the machine (the slow model made 229-250 where an earlier bound said 200)."""
     event = server.request_event(request_id)
     assert event["finish_reason"] in ("cancelled", "superseded"), event
     assert event["cancel_cause"] in causes, event
     assert isinstance(event["completion_tokens"], int), event
-    if within_ms is None:
-        assert event["completion_tokens"] < 200, event
-    else:
+    assert event["cancel_to_done_ms"] < 500, event
+    if within_ms is not None:
         assert event["total_ms"] < within_ms, event
 
 

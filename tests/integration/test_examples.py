@@ -52,7 +52,8 @@ def test_voice_consumer_speaks_in_sentences_and_stops_on_barge_in(
     said = [line for line in lines if line.startswith("[say +")]
     assert said and lines[-1] in ("[end] length", "[end] end_of_text")
     interrupted = run_example(
-        slow_server, "voice.py", "--barge-in-after", "0.5"
+        # A reply too long to end by itself within the half second on any machine.
+        slow_server, "voice.py", "--barge-in-after", "0.5", "--max-tokens", "1000"
     ).stdout.splitlines()
     assert interrupted[-2].startswith("[barge-in] cancelled after")
     assert interrupted[-1] == "[end] cancelled"
