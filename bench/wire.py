@@ -21,7 +21,8 @@ inter-token time at most the engine's + 0.15 ms, time to first token within
 --strict makes a miss on either exit 2. Writes <out>/<date>-wire.json (rows merged by shape).
 
 Every figure is per token, from the SDK's `token_times` (when each token's
-delta reached the client), never per text chunk: a token may bring no text
+delta reached the client; the tokens of a delta the server joined share that
+delta's gap evenly, see spread_gaps), never per text chunk: a token may bring no text
 (token healing re-generating the prompt's last characters, a byte inside a
 UTF-8 character, a possible stop string), and a random-weight model can
 produce 128 tokens none of which decodes to text. When no gap could be
@@ -110,6 +111,24 @@ def stream_stats(
         return _stream_stats(client.complete, prompt, new, reps)
 
 
+def spread_gaps(stamps: list[float]) -> list[float]:
+    """Client gaps per token (ms), one for each token after the first, with the tokens
+    the server joined into one delta (they share its time stamp) sharing that delta's
+    gap evenly: a delta of n tokens that came G ms after the one before counts n gaps of
+    G / n, where per-token gaps would count one of G and n - 1 of 0 (a client that fell
+    behind would look fast). Equal to the per-token gaps when nothing was joined."""
+    groups: list[tuple[float, int]] = []  # (stamp, tokens) per delta, in order
+    for t in stamps:
+        if groups and groups[-1][0] == t:
+            groups[-1] = (t, groups[-1][1] + 1)
+        else:
+            groups.append((t, 1))
+    out = [0.0] * (groups[0][1] - 1) if groups else []
+    for (a, _), (b, n) in itertools.pairwise(groups):
+        out += [(b - a) * 1e3 / n] * n
+    return out
+
+
 def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, object]:
     client_gaps: list[float] = []
     engine_gaps: list[float] = []
@@ -137,7 +156,7 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
         engine_ttft.append(stream.timings.ttft_ms)
         if stream.first_delta_s is not None:
             first_text.append(stream.first_delta_s * 1e3)
-        client_gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
+        client_gaps += spread_gaps(stamps)
         engine_gaps += stream.timings.inter_token_ms
         rep_engine_gaps.append(list(stream.timings.inter_token_ms))
     if not client_gaps or not engine_gaps:
@@ -147,6 +166,7 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
             "cannot be timed"
         )
     return {
+        # Per token, a joined delta's gap shared by its tokens (spread_gaps).
         "client_inter_token_ms_median": statistics.median(client_gaps),
         "engine_inter_token_ms_median": statistics.median(engine_gaps),
         "client_ttft_ms_median": statistics.median(client_ttft),
