@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -122,22 +123,26 @@ def record(
     gaps.engine += stream.timings.inter_token_ms
 
 
-def run_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
-    """Client-side stamps of each completion through the SDK's Client, and its gaps."""
+def run_client(
+    address: str, reps: int, new: int, path: str = "complete"
+) -> tuple[list[dict[str, int]], Gaps]:
+    """Client-side stamps of each completion through the SDK's Client, and its gaps:
+    a Complete call each, or (path "session") a message each on one open Session."""
     from nib.sdk import Client
 
     rows: list[dict[str, int]] = []
     gaps = Gaps([], [])
     with Client(address) as client:
         client.wait_ready(600)
-        for _ in range(WARM_UP):
-            client.complete(PROMPT, max_tokens=new).result()
-        for _ in range(reps):
-            sent = time.perf_counter_ns()
-            stream = client.complete(PROMPT, max_tokens=new)
-            called = time.perf_counter_ns()
-            stream.result()
-            record(rows, gaps, sent, called, stream)
+        with client.session() if path == "session" else contextlib.nullcontext(client) as via:
+            for _ in range(WARM_UP):
+                via.complete(PROMPT, max_tokens=new).result()
+            for _ in range(reps):
+                sent = time.perf_counter_ns()
+                stream = via.complete(PROMPT, max_tokens=new)
+                called = time.perf_counter_ns()
+                stream.result()
+                record(rows, gaps, sent, called, stream)
     return rows, gaps
 
 
@@ -161,25 +166,6 @@ async def run_aio_client(address: str, reps: int, new: int) -> tuple[list[dict[s
     return rows, gaps
 
 
-def run_session_client(address: str, reps: int, new: int) -> tuple[list[dict[str, int]], Gaps]:
-    """As run_client, each completion a message on one open Session of the SDK's Client."""
-    from nib.sdk import Client
-
-    rows: list[dict[str, int]] = []
-    gaps = Gaps([], [])
-    with Client(address) as client, client.session() as session:
-        client.wait_ready(600)
-        for _ in range(WARM_UP):
-            session.complete(PROMPT, max_tokens=new).result()
-        for _ in range(reps):
-            sent = time.perf_counter_ns()
-            stream = session.complete(PROMPT, max_tokens=new)
-            called = time.perf_counter_ns()
-            stream.result()
-            record(rows, gaps, sent, called, stream)
-    return rows, gaps
-
-
 def measure(
     args: argparse.Namespace, model_dir: Path | None, tmp: Path
 ) -> tuple[list[dict[str, int]], Gaps]:
@@ -188,12 +174,10 @@ def measure(
     proc = subprocess.Popen(server_command(args, out, model_dir), env=env)
     try:
         address = f"127.0.0.1:{args.port}"
-        if args.path == "session":
-            client, gaps = run_session_client(address, args.reps, args.new)
-        elif args.client == "aio":
+        if args.client == "aio":
             client, gaps = asyncio.run(run_aio_client(address, args.reps, args.new))
         else:
-            client, gaps = run_client(address, args.reps, args.new)
+            client, gaps = run_client(address, args.reps, args.new, args.path)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
