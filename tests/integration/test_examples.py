@@ -53,7 +53,12 @@ def test_voice_consumer_speaks_in_sentences_and_stops_on_barge_in(
     assert said and lines[-1] in ("[end] length", "[end] end_of_text")
     interrupted = run_example(
         # A reply too long to end by itself within the half second on any machine.
-        slow_server, "voice.py", "--barge-in-after", "0.5", "--max-tokens", "1000"
+        slow_server,
+        "voice.py",
+        "--barge-in-after",
+        "0.5",
+        "--max-tokens",
+        "1000",
     ).stdout.splitlines()
     assert interrupted[-2].startswith("[barge-in] cancelled after")
     assert interrupted[-1] == "[end] cancelled"
