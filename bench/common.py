@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import platform
 import re
 import sys
 from pathlib import Path
@@ -37,15 +39,38 @@ def device_name() -> str:
     return f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)"
 
 
+def cpu_name() -> str:
+    """The CPU's model name and core count (from /proc/cpuinfo where there is one)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next(
+            line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        name = platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 def write_result(
-    out: Path, name: str, script: str, fields: dict[str, Any], indent: int = 2
+    out: Path,
+    name: str,
+    script: str,
+    fields: dict[str, Any],
+    indent: int = 2,
+    device: str | None = None,
 ) -> Path:
-    """out/<date>-<name>.json: date, device, torch and the command (`python3 bench/<script>`
-    with this process's arguments) first, then `fields`. Returns the path."""
+    """out/<date>-<name>.json: date, device (the GPU's name unless `device` says what
+    else ran it, e.g. cpu_name()), torch and the command (`python3 bench/<script>` with
+    this process's arguments) first, then `fields`. Returns the path."""
     date = datetime.date.today().isoformat()
     result = {
         "date": date,
-        "device": device_name(),
+        "device": device if device is not None else device_name(),
         "torch": torch.__version__,
         "command": "python3 " + " ".join([f"bench/{script}", *sys.argv[1:]]),
         **fields,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -27,23 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-
-
-def cpu_name() -> str:
-    """The CPU's model name and core count (from /proc/cpuinfo where there is one)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        name = next(
-            line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        name = platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
+from common import cpu_name, percentile  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

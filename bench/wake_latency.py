@@ -17,8 +17,6 @@ alternate, so both see the same machine. Writes <out>/<date>-wake-latency.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import platform
 import socket
@@ -30,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_name, percentile, write_result
 from spin import spin_policy, spinners
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,9 +164,9 @@ PINGS: dict[str, Callable[[int, float], list[float]]] = {
 
 
 def host_facts() -> dict[str, object]:
-    """What decides wake-up cost: CPUs, the idle driver and its states, virtualisation."""
+    """What decides wake-up cost besides the CPU (the result's `device`): the idle
+    driver and its states, virtualisation."""
     facts: dict[str, object] = {
-        "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "spin_policy": spin_policy(),
     }
@@ -187,12 +186,7 @@ def host_facts() -> dict[str, object]:
     ]
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        text = cpuinfo.read_text()
-        facts["hypervisor"] = " hypervisor " in text.replace("\n", " ")
-        for line in text.splitlines():
-            if line.startswith("model name"):
-                facts["cpu_model"] = line.split(":", 1)[1].strip()
-                break
+        facts["hypervisor"] = " hypervisor " in cpuinfo.read_text().replace("\n", " ")
     return facts
 
 
@@ -243,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                             "round": rnd,
                             "iters": iters,
                             "median_us": round(statistics.median(us), 2),
-                            "p90_us": round(us[int(0.9 * (len(us) - 1))], 2),
-                            "p99_us": round(us[int(0.99 * (len(us) - 1))], 2),
+                            "p90_us": round(percentile(us, 0.9), 2),
+                            "p99_us": round(percentile(us, 0.99), 2),
                         }
                         rows.append(row)
                         print(
@@ -268,19 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for key, value in summary.items():
         print(f"  {key:>36} {value:9.1f}")
-    today = dt.date.today().isoformat()
-    result = {
-        "date": today,
-        "command": "python3 bench/wake_latency.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "host": host_facts(),
-        "summary": summary,
-        "rows": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{today}-wake-latency.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    fields = {"host": host_facts(), "summary": summary, "rows": rows}
+    write_result(args.out, "wake-latency", "wake_latency.py", fields, device=cpu_name())
     return 0
 
 
