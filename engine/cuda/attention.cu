@@ -260,6 +260,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   // ahead of the q/k/v GEMV's end up to pdl_wait below. Before it, only what no kernel
   // of this step writes: the position (advanced after the step) and the cache rows
   // below it (written by earlier steps).
+  NIB_TRACE_BLOCK(NIB_KIND_ATTENTION);
   pdl_launch_dependents();
   const long long pos = *a.pos;
   if (pos < 0 || pos >= S) return;  // a bad position must not write outside the cache
@@ -311,6 +312,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
     cp_async_commit();
   }
   pdl_wait();  // the q/k/v projection is complete and visible from here on
+  NIB_TRACE_WAITED();
 
   // RoPE: the G query heads into shared memory (rows G..7 zero); the owner of p also
   // rotates the new key and writes k and v to the cache and to shared memory.

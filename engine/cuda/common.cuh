@@ -142,6 +142,50 @@ NIB_DEVICE void pdl_wait() {
 #endif
 }
 
+// ---- the step timeline (NIB_TRACE builds only) ------------------------------------
+// bench/step_timeline.py builds the kernels with -DNIB_TRACE (NIB_CUDA_TRACE=1): each
+// block's thread 0 then records when the block started, when its pdl_wait returned and
+// when it left (%globaltimer, ns, one clock for every SM), its SM and its launch's
+// grid, into this module's nib_trace buffer (the host reads it by name). Without
+// NIB_TRACE both macros are empty and the kernels compile exactly as before.
+#ifdef NIB_TRACE
+struct NibTraceRecord {
+  u64 start, waited, end;
+  u32 smid, kind, grid, threads;
+};
+#define NIB_TRACE_CAPACITY (1u << 16)
+__device__ NibTraceRecord nib_trace[NIB_TRACE_CAPACITY];
+__device__ u32 nib_trace_count;
+NIB_DEVICE u64 nib_globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+struct NibTraceScope {
+  u64 start, waited;
+  u32 kind;
+  __device__ explicit NibTraceScope(u32 k) : start(nib_globaltimer()), waited(0), kind(k) {}
+  __device__ void wait_done() { waited = nib_globaltimer(); }
+  __device__ ~NibTraceScope() {  // every return path of the block's thread 0
+    if (threadIdx.x != 0) return;
+    const u64 end = nib_globaltimer();
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const u32 i = atomicAdd(&nib_trace_count, 1u);
+    if (i < NIB_TRACE_CAPACITY)
+      nib_trace[i] = {start, waited, end, sm, kind, gridDim.x * gridDim.y * gridDim.z, blockDim.x};
+  }
+};
+#define NIB_TRACE_BLOCK(kind) NibTraceScope nib_trace_scope_(kind)
+#define NIB_TRACE_WAITED() nib_trace_scope_.wait_done()
+#else
+#define NIB_TRACE_BLOCK(kind) ((void)0)
+#define NIB_TRACE_WAITED() ((void)0)
+#endif
+// The kinds the records carry (bench/step_timeline.py names them).
+enum { NIB_KIND_W4A16 = 1, NIB_KIND_W4A16_BULK = 2, NIB_KIND_GEMV16 = 3, NIB_KIND_ATTENTION = 4,
+       NIB_KIND_GREEDY = 5 };
+
 // ---- bulk copies and mbarriers (sm_90) -------------------------------------------
 NIB_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 #if __CUDA_ARCH__ >= 900

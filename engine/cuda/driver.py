@@ -152,6 +152,16 @@ class Module:
         check(lib().cuModuleLoadData(ctypes.byref(self.handle), self._image), f"loading {name}")
         self._kernels: dict[str, Kernel] = {}
 
+    def global_address(self, name: str) -> tuple[int, int]:
+        """Device address and size in bytes of the module's `__device__` variable `name`."""
+        dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        ensure_context(self.device)
+        rc = lib().cuModuleGetGlobal_v2(
+            ctypes.byref(dptr), ctypes.byref(size), self.handle, name.encode()
+        )
+        check(rc, f"cuModuleGetGlobal({self.name}, {name})")
+        return int(dptr.value), int(size.value)
+
     def kernel(self, name: str) -> Kernel:
         k = self._kernels.get(name)
         if k is None:

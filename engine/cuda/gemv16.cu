@@ -109,6 +109,7 @@ NIB_DEVICE void store_row(const G16Args& a, int j, float v, float up) {
 
 template <bool BF16, bool GLU, int R, int WARPS, int U>
 NIB_DEVICE void gemv16_body(const G16Args& a) {
+  NIB_TRACE_BLOCK(NIB_KIND_GEMV16);
   constexpr int ROWS = GLU ? 2 * R : R;  // weight rows per warp
   constexpr int THREADS = WARPS * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -161,6 +162,7 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   for (int p = 0; p < U; ++p)
     if (p < total) load(buf[p]);
   pdl_wait();
+  NIB_TRACE_WAITED();
 
   // Stage the slice (norm: h * nw, and the squares of the row). The raw 16-bit chunks
   // land by cp.async in the very slots their fp32 values will take (x chunk j in

@@ -151,8 +151,10 @@ NIB_DEVICE void greedy_body(const GreedyArgs& a) {
   const int row = blockIdx.y, tid = threadIdx.x;
   // Launched right behind the lm_head (programmatic dependent launch on sm_90): wait
   // for its logits before reading them.
+  NIB_TRACE_BLOCK(NIB_KIND_GREEDY);
   pdl_launch_dependents();
   pdl_wait();
+  NIB_TRACE_WAITED();
   const unsigned char* base =
       reinterpret_cast<const unsigned char*>(a.logits) + (size_t)row * a.row_stride * ESIZE;
   const int head = min(a.vocab, (int)(((16 - ((size_t)base & 15)) & 15) / ESIZE));

@@ -22,7 +22,7 @@ MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulators, bf16 conver
 SOURCES = ("w4a16.cu", "greedy.cu", "gemv16.cu", "attention.cu")
 
 _lock = threading.Lock()
-_modules: dict[tuple[str, int], driver.Module] = {}
+_modules: dict[tuple[str, int, tuple[str, ...]], driver.Module] = {}
 _why_not: dict[int, str] = {}
 
 
@@ -30,17 +30,33 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def trace_flags() -> tuple[str, ...]:
+    """nvcc flags for the step timeline's builds: `NIB_CUDA_TRACE=1` compiles the
+    kernels with -DNIB_TRACE, so that every block records when it started, waited and
+    ended (common.cuh; read by bench/step_timeline.py). A benchmarking aid: those
+    kernels pay an atomic and a store per block."""
+    return ("-DNIB_TRACE",) if os.environ.get("NIB_CUDA_TRACE", "0") == "1" else ()
+
+
 def module(source: str, device: torch.device) -> driver.Module:
     """The loaded module of `source` (a file beside this package) on `device`."""
     index = _index(device)
-    key = (source, index)
+    flags = trace_flags()
+    key = (source, index, flags)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
             cap = torch.cuda.get_device_capability(index)
-            image = build.cubin(source, build.arch(cap))
+            image = build.cubin(source, build.arch(cap), flags)
             mod = _modules[key] = driver.Module(image, torch.device("cuda", index), source)
         return mod
+
+
+def loaded(device: torch.device, traced: bool = False) -> list[driver.Module]:
+    """The modules loaded on `device` so far: the traced builds, or the plain ones."""
+    index = _index(device)
+    with _lock:
+        return [m for (_, i, flags), m in _modules.items() if i == index and bool(flags) == traced]
 
 
 def unavailable_reason(device: torch.device) -> str:

@@ -404,6 +404,7 @@ extern __shared__ __align__(128) unsigned char smem[];
 
 template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false>
 NIB_DEVICE void w4a16_body(const W4Args& a) {
+  NIB_TRACE_BLOCK(NIB_KIND_W4A16);
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
   // This warp's groups: gb0 + warp + i * WARPS, i < n_w.
@@ -433,6 +434,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   for (int p = 0; p < PF; ++p)
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
   pdl_wait();
+  NIB_TRACE_WAITED();
 
   u16* xs = reinterpret_cast<u16*>(smem);
   float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
@@ -461,6 +463,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
 template <int MT, int R, int WARPS, int NS, bool SMEM_X>
 NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
 #if __CUDA_ARCH__ >= 900
+  NIB_TRACE_BLOCK(NIB_KIND_W4A16_BULK);
   constexpr int FRAG = R * MT * 4;
   constexpr int WBYTES = WARPS * 1024;  // one tile's weights per step
   constexpr int SBYTES = WARPS * 32;    // one tile's scales per step
@@ -497,6 +500,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
   pdl_wait();
+  NIB_TRACE_WAITED();
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];

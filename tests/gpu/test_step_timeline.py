@@ -1,0 +1,44 @@
+"""bench/step_timeline.py on the GPU: the traced kernels record every block of every
+launch of a decode step, in an order and with times that can be true."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_block_of_a_decode_step_is_recorded_in_a_possible_order(tmp_path: Path) -> None:
+    cmd = [sys.executable, "bench/step_timeline.py", "--shapes", "tiny-llama", "--formats", "int4,bf16",
+           "--replays", "3", "--position", "200", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*-step-timeline.json")
+    result = json.loads(path.read_text())
+    assert list(result)[:4] == ["date", "device", "torch", "command"]
+    rows = {r["format"]: r for r in result["rows"]}
+    assert set(rows) == {"int4", "bf16"}
+    for fmt, row in rows.items():
+        assert row["all_instances_complete"], fmt
+        assert row["clock_tick_ns"] >= 1
+        shares = 0.0
+        for r in row["roles"]:
+            # A block passes griddepcontrol.wait only after the kernel before it has ended
+            # (one clock for all SMs: allow a tick of skew), and leaves after it waited.
+            assert r["release_us"] >= -0.05 - row["clock_tick_ns"] / 1e3, (fmt, r)
+            assert r["after_wait_us"] >= 0 and r["interval_us"] > 0 and r["tail_us"] >= 0, (fmt, r)
+            assert 0.0 <= r["resident"] <= 1.0
+            shares += r["interval_us_per_step"]
+        # The intervals tile the step from the first traced kernel's end to the last's:
+        # together no longer than the traced replay.
+        assert 0 < shares <= row["replay_us_median"] * 1.02, (fmt, shares, row["replay_us_median"])
+    # INT4: every linear is nib's CUDA kernel, so the step's kernels are named.
+    layers = rows["int4"]["layers"]
+    assert rows["int4"]["traced_kernels_per_step"] == 5 * layers + 2
+    roles = [r["role"] for r in rows["int4"]["roles"]]
+    assert roles == ["attention", "o_proj", "gate_up", "down", "qkv", "lm_head", "greedy"]
+    counts = {r["role"]: r["count_per_step"] for r in rows["int4"]["roles"]}
+    assert counts["qkv"] == layers - 1 and counts["down"] == layers and counts["greedy"] == 1
