@@ -95,9 +95,75 @@ NIB_DEVICE float load_act(const void* p, size_t i, bool bf16) {
   return act2f(reinterpret_cast<const u16*>(p)[i], bf16);
 }
 
+// The epilogue operands of one lane's pair (rows g and g + 8 of a tile, one batch row),
+// read before they are needed: the bias before pdl_wait (no kernel of the step writes
+// it), the residual right after it, beside the activations' staging. Read at the end,
+// each was one more trip to memory on the kernel's critical path. Held in registers
+// through the main loop, so only where a lane finishes few pairs (R x MT <= 2: the
+// shapes of the residual and bias layers); larger tiles still read them at the end.
+struct PairOperands {
+  float bias0, bias1, res0, res1;
+};
+
+// Tile, batch row and output rows of pair `pair` of a lane (g, t4): fragment pairs
+// (e, e + 2) of (r, mt) are rows g and g + 8 of tile r, batch row 2 t4 + (e & 1) + 8 mt.
+template <int MT>
+NIB_DEVICE void pair_place(const W4Args& a, int tile0, int g, int t4, int pair, int& t, int& b,
+                           int& r0, int& r1) {
+  const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
+  t = tile0 + r;
+  b = 2 * t4 + e + 8 * mt;
+  const bool glu = a.epi == EPI_GLU_PLAIN;
+  r0 = out_row(t, g, glu, a.inter);
+  r1 = out_row(t, g + 8, glu, a.inter);
+}
+
+// This lane's pairs (pair = warp + q * WARPS, as reduce_and_finish finishes them).
+template <int MT, int R, int WARPS>
+struct LanePairs {
+  static constexpr int PAIRS = R * MT * 2;
+  static constexpr int MINE = (PAIRS + WARPS - 1) / WARPS;
+  static constexpr bool EARLY = R * MT <= 2;
+  PairOperands op[EARLY ? MINE : 1];
+
+  NIB_DEVICE void load_bias(const W4Args& a, int tile0, int warp, int g, int t4) {
+    if constexpr (!EARLY) return;
+    const bool ybf = a.y_bf16 != 0;
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      op[q].bias0 = op[q].bias1 = 0.f;
+      const int pair = warp + q * WARPS;
+      if (pair >= PAIRS || !a.bias || a.epi == EPI_GLU) continue;
+      int t, b, r0, r1;
+      pair_place<MT>(a, tile0, g, t4, pair, t, b, r0, r1);
+      if (b >= a.m) continue;
+      op[q].bias0 = load_act(a.bias, r0, ybf);
+      op[q].bias1 = load_act(a.bias, r1, ybf);
+    }
+  }
+  NIB_DEVICE void load_residual(const W4Args& a, int tile0, int warp, int g, int t4) {
+    if constexpr (!EARLY) return;
+    const bool ybf = a.y_bf16 != 0;
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      op[q].res0 = op[q].res1 = 0.f;
+      const int pair = warp + q * WARPS;
+      if (pair >= PAIRS || a.epi != EPI_RESIDUAL) continue;
+      int t, b, r0, r1;
+      pair_place<MT>(a, tile0, g, t4, pair, t, b, r0, r1);
+      if (b >= a.m) continue;
+      const size_t yrow = (size_t)b * a.y_stride;
+      op[q].res0 = load_act(a.res, yrow + r0, ybf);
+      op[q].res1 = load_act(a.res, yrow + r1, ybf);
+    }
+  }
+};
+
 // The epilogue for one lane's pair of values: rows rr0 = g and g + 8 of tile t, for
-// batch row b. v0/v1 are the finished fp32 sums.
-NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, float v1) {
+// batch row b. v0/v1 are the finished fp32 sums; `op` the pair's bias and residual when
+// `early` (read ahead), else they are read here.
+NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, float v1,
+                            const PairOperands& op, bool early) {
   if (b >= a.m) return;
   const bool ybf = a.y_bf16 != 0;
   const size_t yrow = (size_t)b * a.y_stride;
@@ -110,12 +176,12 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
   const bool glu = a.epi == EPI_GLU_PLAIN;
   const int r0 = out_row(t, g, glu, a.inter), r1 = out_row(t, g + 8, glu, a.inter);
   if (a.bias) {
-    v0 += load_act(a.bias, r0, ybf);
-    v1 += load_act(a.bias, r1, ybf);
+    v0 += early ? op.bias0 : load_act(a.bias, r0, ybf);
+    v1 += early ? op.bias1 : load_act(a.bias, r1, ybf);
   }
   if (a.epi == EPI_RESIDUAL) {
-    v0 = load_act(a.res, yrow + r0, ybf) + round_act(v0, ybf);
-    v1 = load_act(a.res, yrow + r1, ybf) + round_act(v1, ybf);
+    v0 = (early ? op.res0 : load_act(a.res, yrow + r0, ybf)) + round_act(v0, ybf);
+    v1 = (early ? op.res1 : load_act(a.res, yrow + r1, ybf)) + round_act(v1, ybf);
   }
   store_act(a.y, yrow + r0, v0, ybf);
   store_act(a.y, yrow + r1, v1, ybf);
@@ -285,7 +351,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
 // of a tile group finishes) and the epilogue.
 template <int MT, int R, int WARPS, bool CL>
 NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (&acc)[R][MT][4],
-                                  float* red, float* scratch) {
+                                  float* red, float* scratch, const LanePairs<MT, R, WARPS>& ops) {
   constexpr int FRAG = R * MT * 4;
   const int lane = b.lane;
   const int warp = WARPS > 1 ? b.warp : 0;
@@ -394,7 +460,9 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     const int pair = warp + q * WARPS;
     if (pair < PAIRS) {
       const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-      finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1]);
+      using Ops = LanePairs<MT, R, WARPS>;
+      finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1],
+                  ops.op[Ops::EARLY ? q : 0], Ops::EARLY);
     }
   }
 }
@@ -433,8 +501,11 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
+  LanePairs<MT, R, WARPS> ops;
+  ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
   pdl_wait();
   NIB_TRACE_WAITED();
+  ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
 
   u16* xs = reinterpret_cast<u16*>(smem);
   float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
@@ -453,7 +524,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
       }
     }
   }
-  reduce_and_finish<MT, R, WARPS, CL>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS, CL>(a, b, acc, red, scratch, ops);
 }
 
 // Bulk-copy pipeline (sm_90): one thread streams each step's weights (WARPS groups of
@@ -499,8 +570,11 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   pdl_launch_dependents();
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
+  LanePairs<MT, R, WARPS> ops;
+  ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
   pdl_wait();
   NIB_TRACE_WAITED();
+  ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
 
   float acc[R][MT][4];
@@ -524,7 +598,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
-  reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch);
+  reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch, ops);
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only
 #endif
