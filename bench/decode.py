@@ -414,7 +414,23 @@ def profile_caption(result: dict, before: dict | None) -> str:  # type: ignore[t
 
 def readme_caption(result: dict) -> str:  # type: ignore[type-arg]
     runs = "; ".join(f"`{c}`" for c in result.get("commands", [result["command"]]))
-    return f"{result['device']}, torch {result['torch']}, {result['date']}; {runs}"
+    days = sorted({str(r["run"])[:10] for r in result["rows"] if "run" in r} or {result["date"]})
+    return f"{result['device']}, torch {result['torch']}, rows measured {', '.join(days)}; {runs}"
+
+
+def carried_rows(out: Path, today: str, rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The rows of the newest result up to today (today's, else the last day's) that this
+    run does not measure again: a result file holds the latest row of every shape, impl and
+    context, each with the `run` and `command` that measured it (readme_caption names
+    their days)."""
+    files = sorted(p for p in out.glob("*-decode.json") if p.name[:10] <= today)
+    if not files:
+        return []
+    earlier = json.loads(files[-1].read_text())
+    replaced = {(r["shape"], r["impl"], r["context"]) for r in rows}
+    return [
+        r for r in earlier.get("rows", []) if (r["shape"], r["impl"], r["context"]) not in replaced
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,11 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             command=command, copy_bandwidth_gbps=bandwidth, run=dt.datetime.now().isoformat()
         )
     path = args.out / f"{today}-decode.json"
-    earlier = json.loads(path.read_text()) if path.exists() else {}
-    replaced = {(r["shape"], r["impl"], r["context"]) for r in rows}
-    kept = [
-        r for r in earlier.get("rows", []) if (r["shape"], r["impl"], r["context"]) not in replaced
-    ]
+    kept = carried_rows(args.out, today, rows)
     result = {
         "date": today,
         "device": device_name(),

@@ -84,3 +84,28 @@ def test_the_profile_table_lists_every_positioned_row_at_its_position(decode: Mo
         "| llama-2-7b | nib-int4-graphs | 640 | 576 | 164 | 1748 | 1498 | -250 | - | - | - |",
         "| llama-2-7b | nib-int4-graphs | 4096 | 4032 | 164 | 2200 | 1950 | -250 | - | - | - |",
     ]
+
+
+def _measured(shape: str, impl: str, context: int, run: str) -> dict[str, object]:
+    return {"shape": shape, "impl": impl, "context": context, "run": run, "command": f"cmd {run}"}
+
+
+def test_a_run_carries_the_newest_results_rows_it_does_not_measure_again(
+    decode: ModuleType, tmp_path: Path
+) -> None:
+    old = [_measured("llama-2-7b", "hf-eager", 640, "2026-12-01T10:00"),
+           _measured("llama-2-7b", "nib-int4-graphs", 640, "2026-12-01T11:00")]  # fmt: skip
+    older = [_measured("llama-2-7b", "nib-eager", 640, "2026-11-30T10:00")]
+    (tmp_path / "2026-11-30-decode.json").write_text(json.dumps({"rows": older}))
+    (tmp_path / "2026-12-01-decode.json").write_text(json.dumps({"rows": old}))
+    (tmp_path / "2026-12-03-decode.json").write_text(json.dumps({"rows": older}))  # a later day
+    new = [_measured("llama-2-7b", "nib-int4-graphs", 640, "2026-12-02T09:00")]
+    kept = decode.carried_rows(tmp_path, "2026-12-02", new)
+    # The newest file up to today, less the row this run measures again.
+    assert kept == [old[0]]
+    result = {"device": "GPU", "torch": "t", "date": "2026-12-02", "command": "cmd",
+              "commands": ["cmd a", "cmd b"], "rows": kept + new}  # fmt: skip
+    assert decode.readme_caption(result) == (
+        "GPU, torch t, rows measured 2026-12-01, 2026-12-02; `cmd a`; `cmd b`"
+    )
+    assert decode.carried_rows(tmp_path / "none", "2026-12-02", new) == []
