@@ -181,8 +181,11 @@ def summarise(per_replay: list[list[dict[str, float]]]) -> list[dict[str, object
             by_role.setdefault(str(b["role"]), []).append(b)
     out: list[dict[str, object]] = []
     for role, items in by_role.items():
-        row: dict[str, object] = {"role": role, "count_per_step": len(items) / len(per_replay)}
-        row["kernel"] = str(items[0]["kernel"])
+        row: dict[str, object] = {
+            "role": role,
+            "kernel": str(items[0]["kernel"]),
+            "count_per_step": len(items) / len(per_replay),
+        }
         for k in SUMMARY_KEYS:
             row[k] = statistics.median(float(b[k]) for b in items)
         row["interval_us_per_step"] = sum(float(b["interval_us"]) for b in items) / len(per_replay)
@@ -213,12 +216,12 @@ class Tracer:
     def __init__(self, device: torch.device) -> None:
         from nib.engine.cuda import driver, loader
 
-        self.lib = driver.lib()
-        self.modules = loader.loaded(device, traced=True)
-        if not self.modules:
+        self.driver = driver
+        modules = loader.loaded(device, traced=True)
+        if not modules:
             raise RuntimeError("no traced nib CUDA module is loaded (NIB_CUDA_TRACE=1?)")
         self.addr = {}
-        for m in self.modules:
+        for m in modules:
             buf, size = m.global_address("nib_trace")
             count, _ = m.global_address("nib_trace_count")
             if size != CAPACITY * RECORD.itemsize:
@@ -231,11 +234,10 @@ class Tracer:
     def reset(self) -> None:
         torch.cuda.synchronize()
         for _, count in self.addr.values():
-            rc = self.lib.cuMemsetD32_v2(
+            rc = self.driver.lib().cuMemsetD32_v2(
                 ctypes.c_uint64(count), ctypes.c_uint(0), ctypes.c_size_t(1)
             )
-            if rc:
-                raise RuntimeError(f"cuMemsetD32 failed ({rc})")
+            self.driver.check(rc, "cuMemsetD32(nib_trace_count)")
         torch.cuda.synchronize()
 
     def read(self) -> list[tuple[str, np.ndarray]]:
@@ -255,11 +257,10 @@ class Tracer:
         return out
 
     def _copy(self, host: int, dev: int, nbytes: int) -> None:
-        rc = self.lib.cuMemcpyDtoH_v2(
+        rc = self.driver.lib().cuMemcpyDtoH_v2(
             ctypes.c_void_p(host), ctypes.c_uint64(dev), ctypes.c_size_t(nbytes)
         )
-        if rc:
-            raise RuntimeError(f"cuMemcpyDtoH failed ({rc})")
+        self.driver.check(rc, "cuMemcpyDtoH(nib_trace)")
 
 
 def force_configs(model: torch.nn.Module, forced: list[str]) -> dict[str, str]:
