@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result
 
-KINDS = {1: "w4a16", 2: "w4a16-bulk", 3: "gemv16", 4: "attention", 5: "greedy"}
+KINDS = {1: "w4a16", 2: "w4a16-bulk", 3: "gemv16", 4: "attention", 5: "greedy", 6: "embed"}
 RECORD = np.dtype(
     [
         ("start", "<u8"),
@@ -81,6 +81,7 @@ TEST_SHAPES: dict[str, dict[str, object]] = {
         tie_word_embeddings=False,
     ),
 }
+FIRST_ROLES = ("embed",)
 LAYER_ROLES = ("qkv", "attention", "o_proj", "gate_up", "down")
 FINAL_ROLES = ("lm_head", "greedy")
 
@@ -135,12 +136,13 @@ def group_instances(records: list[tuple[str, np.ndarray]]) -> list[Instance]:
 
 
 def roles(instances: list[Instance], layers: int) -> list[str]:
-    """The step's kernels by name where the count says which is which (five traced
-    kernels a layer, then the lm_head and the greedy pick), else by kind and grid."""
-    if len(instances) == len(LAYER_ROLES) * layers + len(FINAL_ROLES):
-        return [LAYER_ROLES[i % len(LAYER_ROLES)] for i in range(len(LAYER_ROLES) * layers)] + list(
-            FINAL_ROLES
-        )
+    """The step's kernels by name where the count says which is which (the embedding
+    lookup where it is nib's kernel, five traced kernels a layer, then the lm_head and
+    the greedy pick), else by kind and grid."""
+    body = [LAYER_ROLES[i % len(LAYER_ROLES)] for i in range(len(LAYER_ROLES) * layers)]
+    for first in (list(FIRST_ROLES), []):
+        if len(instances) == len(first) + len(body) + len(FINAL_ROLES):
+            return first + body + list(FINAL_ROLES)
     return [i.label for i in instances]
 
 

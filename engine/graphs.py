@@ -15,7 +15,9 @@ each step writes its token into. Graphs:
 - decode-{greedy,sample}-{0,1}: one token; two parities write alternate pinned
   slots, so the host can read step n while step n+1 already runs. RoPE, the
   KV-cache write and attention are one CUDA kernel there (cuda/attention.py)
-  where it runs, else the Triton rope_cache + split-K pair.
+  where it runs, else the Triton rope_cache + split-K pair; the embedding
+  lookup (cuda/embed.py) and the greedy pick, which also advances the position
+  (cuda/greedy.py), are CUDA kernels that let their neighbours overlap them.
 
 A body that fails to capture runs eagerly instead (same code, no graph): the
 shape stays served, `fallbacks` counts it and the state says why.
@@ -33,6 +35,7 @@ from functools import partial
 import torch
 
 from nib.engine.cuda.attention import for_model as fused_for_model
+from nib.engine.cuda.embed import cuda_embedding
 from nib.engine.cuda.greedy import cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.graphs_common import decode_attend_fn
@@ -128,6 +131,12 @@ class GraphRunner:
         # Greedy argmax + log-probability in one kernel that stores into the pinned slots
         # itself (engine/cuda/greedy.py); None: the PyTorch sequence below.
         self.greedy = cuda_greedy(cfg.vocab_size, rows, device)
+        # The decode step's embedding lookup in a kernel that lets the first GEMV launch
+        # early (engine/cuda/embed.py); None: PyTorch's embedding.
+        self.embed = cuda_embedding(model.tok_embeddings.weight)
+        # The greedy kernel advances the decode position itself (False: a PyTorch add
+        # before it, as before; bench/step_ends.py times the two against each other).
+        self.greedy_advances = True
         self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
@@ -174,9 +183,22 @@ class GraphRunner:
         return f"decode-{'greedy' if greedy else 'sample'}-{parity}"
 
     def _finish(
-        self, logits: torch.Tensor, greedy: bool, slot: int, bias: torch.Tensor | None = None
+        self,
+        logits: torch.Tensor,
+        greedy: bool,
+        slot: int,
+        bias: torch.Tensor | None = None,
+        advance: bool = False,
     ) -> None:
-        if greedy and self.greedy is not None:
+        """The step's token from its logits, into the pinned slot and self.token; with
+        `advance`, the position moves on by one (a decode step): in the greedy kernel
+        where it runs and `greedy_advances`, else by a PyTorch add before the pick."""
+        fused = greedy and self.greedy is not None
+        in_kernel = advance and fused and self.greedy_advances
+        if advance and not in_kernel:
+            self.pos.add_(1)
+        if fused:
+            assert self.greedy is not None
             if self.keep_logits:
                 self.last_logits.copy_(logits[0, 0].float())
             # Token and log-probability land in the pinned slots (or, unmapped, are copied
@@ -187,6 +209,7 @@ class GraphRunner:
                 self.out_logprob[slot : slot + 1],
                 bias,
                 self.token.view(1),
+                self.pos if in_kernel else None,  # no kernel of its own before this one
             )
             return
         row = logits[0, 0].float()
@@ -235,9 +258,8 @@ class GraphRunner:
         self.out_row_logprobs[:bucket].copy_(logprob, non_blocking=True)
 
     def _decode_body(self, parity: int, greedy: bool) -> None:
-        logits = self.model(self.token, self.pos, attend=self._decode_attend)
-        self.pos.add_(1)
-        self._finish(logits, greedy, parity)
+        logits = self.model(self.token, self.pos, attend=self._decode_attend, embed=self.embed)
+        self._finish(logits, greedy, parity, advance=True)
 
     # -- capture --------------------------------------------------------------
 

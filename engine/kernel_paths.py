@@ -132,6 +132,7 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
             paths.append(KernelPath(name, "linear", _span(lo, hi), kernel, graphs, fallback))
     layers = _all_layers(model)
     multi = sorted({*runner.verify_buckets, *runner.chunk_buckets})
+    paths += _embedding_paths(runner)
     paths += [
         KernelPath(
             layers,
@@ -181,6 +182,25 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
         ),
     ]
     return compact(paths)
+
+
+EMBED = "tok_embeddings"
+
+
+def _embedding_paths(runner: GraphRunner) -> list[KernelPath]:
+    """The embedding lookup: the CUDA kernel in the decode graphs where it runs
+    (engine/cuda/embed.py), PyTorch's everywhere else."""
+    embed = getattr(runner, "embed", None)  # test stand-ins for a runner may lack it
+    if embed is None:
+        return [KernelPath(EMBED, "embedding", "any", "torch embedding", "all")]
+    more = [r for r in engine_rows(runner) if r > 1]
+    paths = [KernelPath(EMBED, "embedding", "1", str(embed.label), "decode")]
+    if more:
+        graphs = _families(runner, more[0], more[-1], head=False)
+        paths.append(
+            KernelPath(EMBED, "embedding", _span(more[0], more[-1]), "torch embedding", graphs)
+        )
+    return paths
 
 
 def _greedy_kernel(runner: GraphRunner) -> str:

@@ -11,6 +11,8 @@ products themselves (ops.norm_linear / norm_glu / linear_residual).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -113,18 +115,20 @@ class Transformer(nn.Module):
         last_only: bool = False,
         gather_index: torch.Tensor | None = None,
         attend: AttentionFn | None = None,
+        embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """tokens [1, T] at positions input_pos [T] -> logits [1, T (or 1), vocab].
 
         kv_len: cache positions filled after this call, for the default
         attention (None: the whole cache). last_only / gather_index (a device
         [1] index) keep one row before the lm_head. attend overrides the
-        attention (the GPU graphs pass their own).
+        attention (the GPU graphs pass their own). embed overrides the embedding
+        lookup (the decode graph's CUDA kernel, engine/cuda/embed.py): the same rows.
         """
         ops, eps = self.ops, self.cfg.rms_norm_eps
         attend = attend or ops.attend
         rope = (self.rope_cos, self.rope_sin)
-        residual = self.tok_embeddings(tokens)
+        residual = self.tok_embeddings(tokens) if embed is None else embed(tokens)
         # `pending` is a linear's output not yet added to the residual stream: the next
         # norm adds it (one kernel), unless the linear's kernel added it itself (None).
         pending: torch.Tensor | None = None

@@ -12,7 +12,9 @@ shapes it runs them, against the PyTorch reference (see selfcheck.py).
 - sampling: the Philox exponential noise (seeded, exponential), the whole
   device sampler against a reference race run with the same noise, and (where
   nib's CUDA kernels run) the greedy kernel's argmax and log-probability against
-  torch.argmax / logsumexp, with planted ties and -inf biases, into pinned memory.
+  torch.argmax / logsumexp, with planted ties and -inf biases, into pinned memory,
+  and its advance of the decode position;
+- the decode graph's CUDA embedding lookup, exactly, where it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nib.engine.cuda.embed import cuda_embedding
 from nib.engine.cuda.greedy import CudaGreedy, cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.kernel_paths import HEAD, is_gemv, linear_kernel, linears, row_classes
@@ -480,6 +483,44 @@ class CaseBuilder:
                 compare=_check_sample,
             )
         yield from self._greedy()
+        yield from self._embedding()
+
+    def _embedding(self) -> Iterator[Case]:
+        """The decode graph's CUDA embedding lookup (graphs.py uses it where it runs): the
+        model's own table at random tokens and both ends of the vocabulary, exactly."""
+        table = self.model.tok_embeddings.weight.detach()
+        embed = cuda_embedding(table)
+        if embed is None:
+            return
+        vocab = table.shape[0]
+
+        def inputs(seed: int) -> Inputs:
+            g = _gen(self.device, seed)
+            picks = torch.randint(0, vocab, (5,), generator=g, device=self.device)
+            ends = torch.tensor([0, vocab - 1], device=self.device)
+            return {"tokens": torch.cat((picks, ends)).view(1, -1)}
+
+        def run(i: Inputs) -> Outputs:
+            return embed(i["tokens"])
+
+        def reference(i: Inputs) -> Outputs:
+            return F.embedding(i["tokens"], table)
+
+        def exact(out: Outputs, want: Outputs) -> tuple[float, str]:
+            if not torch.equal(out, want):
+                return math.inf, "a row differs from the table's (a copy must be exact)"
+            return 0.0, ""
+
+        yield Case(
+            "embedding",
+            f"rows=7 vocab={vocab} hidden={table.shape[1]}",
+            partial(inputs, self.seed()),
+            run,
+            reference,
+            0.0,
+            lambda: str(embed.label),
+            compare=exact,
+        )
 
     def _greedy(self) -> Iterator[Case]:
         """The CUDA greedy kernel (graphs.py uses it where it is available): one row with
@@ -525,14 +566,19 @@ def _greedy_inputs(
     return {"logits": logits, "bias": bias}
 
 
+GREEDY_POSITION = 41  # where the decode position stands before the pick advances it
+
+
 def _greedy_run(greedy: CudaGreedy, i: Inputs) -> Outputs:
-    """The kernel as the graphs run it: the outputs in pinned host memory."""
+    """The kernel as the graphs run it: the outputs in pinned host memory, and a decode
+    position for it to advance."""
     rows = i["logits"].shape[0]
     token = torch.full((rows,), -1, dtype=torch.int64).pin_memory()
     logprob = torch.full((rows,), math.nan).pin_memory()
-    greedy.run(i["logits"], token, logprob, i["bias"])
+    pos = torch.full((1,), GREEDY_POSITION, dtype=torch.int64, device=i["logits"].device)
+    greedy.run(i["logits"], token, logprob, i["bias"], advance=pos)
     torch.cuda.synchronize()  # the self-check only waits for outputs on the device
-    return token, logprob
+    return token, logprob, pos.cpu()
 
 
 def _greedy_ref(i: Inputs) -> Outputs:
@@ -540,14 +586,16 @@ def _greedy_ref(i: Inputs) -> Outputs:
     choose = row if i["bias"] is None else row + i["bias"]
     token = choose.argmax(dim=-1)
     logprob = row.gather(1, token[:, None])[:, 0] - row.logsumexp(dim=-1)
-    return token.cpu(), logprob.cpu()
+    return token.cpu(), logprob.cpu(), torch.tensor([GREEDY_POSITION + 1])
 
 
 def _check_greedy(out: Outputs, reference: Outputs) -> tuple[float, str]:
-    """Tokens equal to torch.argmax's (ties: the first index); the largest log-probability
-    difference as the error."""
-    token, logprob = out
-    ref_token, ref_logprob = reference
+    """Tokens equal to torch.argmax's (ties: the first index), the position advanced by
+    exactly one; the largest log-probability difference as the error."""
+    token, logprob, pos = out
+    ref_token, ref_logprob, ref_pos = reference
+    if not torch.equal(pos, ref_pos):
+        return math.inf, f"the position went from {GREEDY_POSITION} to {int(pos[0])}, not + 1"
     if not torch.equal(token, ref_token):
         bad = int((token != ref_token).nonzero()[0, 0])
         return math.inf, (

@@ -184,7 +184,7 @@ struct NibTraceScope {
 #endif
 // The kinds the records carry (bench/step_timeline.py names them).
 enum { NIB_KIND_W4A16 = 1, NIB_KIND_W4A16_BULK = 2, NIB_KIND_GEMV16 = 3, NIB_KIND_ATTENTION = 4,
-       NIB_KIND_GREEDY = 5 };
+       NIB_KIND_GREEDY = 5, NIB_KIND_EMBED = 6 };
 
 // ---- bulk copies and mbarriers (sm_90) -------------------------------------------
 NIB_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }

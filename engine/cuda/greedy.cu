@@ -16,8 +16,9 @@
 // wins), exactly as torch.argmax. The block reduces its threads, writes one
 // partial (8 floats) to the workspace and takes a ticket from the row's counter;
 // the block that draws the last ticket merges the row's partials, writes the
-// token (int64) and log-probability (fp32), and resets the counter for the next
-// launch (graph-safe: nothing to clear between replays).
+// token (int64) and log-probability (fp32), advances the decode position when
+// given one (row 0's), and resets the counter for the next launch (graph-safe:
+// nothing to clear between replays).
 //
 // Elements before the row's first 16-byte boundary and after its last whole
 // vector (at most 2 x 7) are read one by one by block 0.
@@ -31,6 +32,7 @@ struct GreedyArgs {
   long long* token;        // [rows] int64 or null: the next step's input, on the device
   long long* out_token;    // [rows] int64: mapped pinned host memory or a device buffer
   float* out_logprob;      // [rows] fp32: likewise
+  long long* advance;      // [1] int64 or null: the decode position, + 1 once the token is out
   long long row_stride;    // elements between rows
   int vocab;
   int sys_fence;           // fence the stores at system scope before the kernel ends
@@ -242,6 +244,11 @@ NIB_DEVICE void greedy_body(const GreedyArgs& a) {
     }
     const float logprob = x - (ref_of(b.m) + logf(b.s));
     if (a.token) a.token[row] = token;
+    // The decode step's position moves on here rather than in a kernel of its own
+    // between the lm_head and this one: that kernel neither started early nor let this
+    // one launch while the lm_head finished. Every kernel of the step that reads the
+    // position has ended by now (each waited for the one before it).
+    if (a.advance && row == 0) *a.advance += 1;
     a.out_token[row] = token;
     a.out_logprob[row] = logprob;
     // The host reads these after waiting on an event recorded behind this kernel.

@@ -38,7 +38,7 @@ class GreedyArgs(ctypes.Structure):
         ("logits", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("ws", ctypes.c_void_p),
         ("counters", ctypes.c_void_p), ("token", ctypes.c_void_p),
         ("out_token", ctypes.c_void_p), ("out_logprob", ctypes.c_void_p),
-        ("row_stride", ctypes.c_longlong), ("vocab", ctypes.c_int), ("sys_fence", ctypes.c_int),
+        ("advance", ctypes.c_void_p), ("row_stride", ctypes.c_longlong), ("vocab", ctypes.c_int), ("sys_fence", ctypes.c_int),
     ]  # fmt: skip
 
 
@@ -71,6 +71,7 @@ def check_call(
     token: torch.Tensor | None,
     out_token: torch.Tensor,
     out_logprob: torch.Tensor,
+    advance: torch.Tensor | None = None,
 ) -> None:
     """The kernel's rules, named in the error (logits already 2-D)."""
     if logits.dtype not in KERNELS:
@@ -95,6 +96,10 @@ def check_call(
             raise ValueError(f"greedy: token must be on {device}")
     _check_out("out_token", out_token, torch.int64, rows, device)
     _check_out("out_logprob", out_logprob, torch.float32, rows, device)
+    if advance is not None:
+        _check_out("advance", advance, torch.int64, 1, device)
+        if advance.device != device:
+            raise ValueError(f"greedy: advance must be on {device}")
 
 
 class CudaGreedy:
@@ -158,17 +163,21 @@ class CudaGreedy:
         out_logprob: torch.Tensor,
         bias: torch.Tensor | None = None,
         token: torch.Tensor | None = None,
+        advance: torch.Tensor | None = None,
     ) -> None:
         """For each row r of logits [rows, V] (or one row [V]; fp32/fp16/bf16, unit stride
         along V): out_token[r] = argmax(logits[r] + bias) (int64, first index on ties, as
         torch.argmax), out_logprob[r] = logits[r][token] - logsumexp(logits[r]) (fp32, of
         the row without bias) and token[r] = the same token (optional, on the device).
         out_token / out_logprob are device tensors or pinned host tensors; the host reads
-        pinned ones after an event recorded behind this call."""
+        pinned ones after an event recorded behind this call. advance (optional, one
+        int64 on the device: the decode position) gets 1 added once the tokens are out,
+        so that no kernel of its own sits between the lm_head and this one."""
         rows2 = logits.view(1, -1) if logits.dim() == 1 else logits
         check_call(
-            self.vocab, self.max_rows, self.device, rows2, bias, token, out_token, out_logprob
-        )
+            self.vocab, self.max_rows, self.device, rows2, bias, token, out_token, out_logprob,
+            advance,
+        )  # fmt: skip
         rows = int(rows2.shape[0])
         tok_addr = self._address(out_token)
         lp_addr = self._address(out_logprob)
@@ -178,7 +187,7 @@ class CudaGreedy:
             driver.ptr(token),
             self._token.data_ptr() if tok_addr is None else tok_addr,
             self._logprob.data_ptr() if lp_addr is None else lp_addr,
-            rows2.stride(0), self.vocab, int(self.sys_fence),
+            driver.ptr(advance), rows2.stride(0), self.vocab, int(self.sys_fence),
         )  # fmt: skip
         blocks = blocks_for(self.vocab, rows2.dtype)
         self._module.kernel(name).launch((blocks, rows), (THREADS,), args, pdl=self._pdl)

@@ -19,7 +19,7 @@ from nib.engine.cuda import build, driver
 log = logging.getLogger("nib.engine")
 
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulators, bf16 conversions
-SOURCES = ("w4a16.cu", "greedy.cu", "gemv16.cu", "attention.cu")
+SOURCES = ("w4a16.cu", "greedy.cu", "gemv16.cu", "attention.cu", "embed.cu")
 
 _lock = threading.Lock()
 _modules: dict[tuple[str, int, tuple[str, ...]], driver.Module] = {}

@@ -7,8 +7,10 @@ and on the first of the three, so the second must), vocabularies 8192, 32000,
 rows that start off a 16-byte boundary. Outputs go to pinned host memory poisoned
 before each launch (-1, NaN) and are read after an event, as the engine reads
 them; the token must equal torch's and the log-probability be within 1e-4. The
-same inside a CUDA graph replayed with new logits, and through the GraphRunner
-(greedy decoding, token healing, verification) against its PyTorch path.
+same inside a CUDA graph replayed with new logits (advancing a decode position by
+one per launch), and through the GraphRunner (greedy decoding, token healing,
+verification) against its PyTorch path, whose decode graphs also look the token up
+with PyTorch's embedding instead of engine/cuda/embed.cu.
 """
 
 from __future__ import annotations
@@ -207,11 +209,14 @@ def test_in_a_cuda_graph(
     bias = torch.zeros(vocab, device=CUDA)
     slots, slot_logprobs = pinned(rows + 2)  # like the runner's slots: this graph writes 1..rows
     device_token = torch.zeros(rows, dtype=torch.int64, device=CUDA)
+    position = torch.zeros(1, dtype=torch.int64, device=CUDA)  # advanced once per launch
     stream = torch.cuda.Stream()
 
     def body() -> None:
         b = bias if rows == 1 else None
-        greedy.run(static, slots[1 : 1 + rows], slot_logprobs[1 : 1 + rows], b, device_token)
+        greedy.run(
+            static, slots[1 : 1 + rows], slot_logprobs[1 : 1 + rows], b, device_token, position
+        )
 
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -221,6 +226,7 @@ def test_in_a_cuda_graph(
     graph.enable_debug_mode()
     with torch.cuda.graph(graph, stream=stream):
         body()
+    position.fill_(1000)
     for rep in range(5):
         logits, new_bias = make_logits(rows, vocab, dtype, 77 + rep, rows == 1)
         static.copy_(logits)
@@ -243,6 +249,7 @@ def test_in_a_cuda_graph(
             assert int(slots[outside]) == -1, "wrote outside its slots"
             assert math.isnan(float(slot_logprobs[outside])), "wrote outside its slots"
         assert not greedy.counters.any(), "a counter was left set"
+        assert int(position) == 1001 + rep, "the position must move on by one per launch"
     if greedy.maps_host:
         assert _graph_has_memcpy(graph, tmp_path) is not True, "pinned outputs still copied"
 
@@ -265,7 +272,8 @@ def runners(kernels: None, tmp_path_factory: pytest.TempPathFactory):  # type: i
     cuda_runner = GraphRunner(model, 512, buckets=(64, 512))
     torch_runner = GraphRunner(model, 512, buckets=(64, 512))
     torch_runner.greedy = None  # the PyTorch sequence, captured the same way
-    assert cuda_runner.greedy is not None
+    torch_runner.embed = None  # and PyTorch's embedding (decode graphs)
+    assert cuda_runner.greedy is not None and cuda_runner.embed is not None
     for r in (cuda_runner, torch_runner):
         r.capture()
         assert all(s.ready for s in r.states.values()), [

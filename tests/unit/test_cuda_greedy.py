@@ -57,9 +57,9 @@ def test_struct_and_constants_match_the_source() -> None:
     assert body is not None
     names = re.findall(r"(\w+);", re.sub(r"//.*", "", body[1]))
     assert names == [name for name, _ in GreedyArgs._fields_]
-    # 7 pointers, a long long, two ints: the C layout.
-    assert GreedyArgs.row_stride.offset == 56 and GreedyArgs.vocab.offset == 64
-    assert GreedyArgs.sys_fence.offset == 68 and ctypes.sizeof(GreedyArgs) == 72
+    # 8 pointers, a long long, two ints: the C layout.
+    assert GreedyArgs.row_stride.offset == 64 and GreedyArgs.vocab.offset == 72
+    assert GreedyArgs.sys_fence.offset == 76 and ctypes.sizeof(GreedyArgs) == 80
     assert f"constexpr int THREADS = {THREADS};" in text
     assert f"constexpr int VPT = {VECTORS_PER_THREAD};" in text
     assert f"* {PARTIAL_FLOATS})" in text  # the partials' stride in the workspace
@@ -299,6 +299,11 @@ def test_the_wrapper_names_the_rule() -> None:
         _call(out_token=torch.zeros(1, dtype=torch.int64))
     with pytest.raises(ValueError, match="out_logprob must be"):
         _call(out_logprob=torch.zeros(2, dtype=torch.float16))
+    _call(advance=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"advance must be a contiguous torch.int64 tensor of 1"):
+        _call(advance=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"advance must be a contiguous torch.int64 tensor of 1"):
+        _call(advance=torch.zeros(2, dtype=torch.int64))
 
 
 def test_kernel_paths_name_the_greedy_kernel() -> None:
@@ -309,22 +314,32 @@ def test_kernel_paths_name_the_greedy_kernel() -> None:
 
 
 def test_the_self_check_case_plants_ties_and_catches_a_wrong_token() -> None:
-    from nib.engine.selfcheck_cases import _check_greedy, _greedy_inputs, _greedy_ref
+    from nib.engine.selfcheck_cases import (
+        GREEDY_POSITION,
+        _check_greedy,
+        _greedy_inputs,
+        _greedy_ref,
+    )
 
     cpu = torch.device("cpu")
     plain = _greedy_inputs(1000, 4, False, torch.bfloat16, cpu, 3)
-    tokens, logprobs = _greedy_ref(plain)
+    tokens, logprobs, pos = _greedy_ref(plain)
+    assert int(pos[0]) == GREEDY_POSITION + 1  # the decode position, advanced once
     for r in range(4):  # the planted maximum appears three times; torch takes the first
         where = (plain["logits"][r] == plain["logits"][r].max()).nonzero()[:, 0]
         assert len(where) >= 3 and int(tokens[r]) == int(where[0])
     biased = _greedy_inputs(1000, 1, True, torch.bfloat16, cpu, 3)
-    token, _ = _greedy_ref(biased)
+    token, _, _ = _greedy_ref(biased)
     where = (biased["logits"][0] == biased["logits"][0].max()).nonzero()[:, 0]
     assert int(token[0]) == int(where[1])  # the first is masked by the bias: the second
-    assert _check_greedy((tokens, logprobs), (tokens, logprobs)) == (0.0, "")
+    want = (tokens, logprobs, pos)
+    assert _check_greedy(want, want) == (0.0, "")
     wrong = tokens.clone()
     wrong[2] += 1
-    error, why = _check_greedy((wrong, logprobs), (tokens, logprobs))
+    error, why = _check_greedy((wrong, logprobs, pos), want)
     assert math.isinf(error) and why.startswith("row 2:")
-    error, why = _check_greedy((tokens, logprobs + 1e-3), (tokens, logprobs))
+    error, why = _check_greedy((tokens, logprobs + 1e-3, pos), want)
     assert error == pytest.approx(1e-3, rel=1e-3) and not why
+    for stuck in (pos - 1, pos + 1):  # not advanced, or twice
+        error, why = _check_greedy((tokens, logprobs, stuck), want)
+        assert math.isinf(error) and "not + 1" in why

@@ -77,6 +77,10 @@ def test_roles_name_the_step_when_the_count_fits_and_fall_back_to_labels(st) -> 
     assert names[:6] == ["qkv", "attention", "o_proj", "gate_up", "down", "qkv"]
     assert names[-2:] == ["lm_head", "greedy"]
     assert st.roles(inst[:7], layers=2) == ["w4a16 4x128"] * 7
+    # With nib's embedding kernel first, one more launch: named too.
+    names = st.roles([st.Instance("e", 6, 1, 256), *inst], layers=2)
+    assert names[:3] == ["embed", "qkv", "attention"] and names[-2:] == ["lm_head", "greedy"]
+    assert st.Instance("e", 6, 1, 256).label == "embed 1x256"
 
 
 def test_summary_is_the_median_per_role_and_the_step_share_sums_its_intervals(st) -> None:  # type: ignore[no-untyped-def]

@@ -113,3 +113,12 @@ def test_gpu_paths_name_the_kernel_and_graphs_per_row_class(model) -> None:  # t
     assert all(p.graphs for p in paths if p.op == "linear")
     assert by[(f"layers.0-{n - 1}", "attention.multi", "4-32")].graphs == "verify-4,8; chunk-4..32"
     assert not any(p.fallback for p in paths)
+    # A runner without the CUDA embedding kernel looks rows up with PyTorch's everywhere.
+    assert by[("tok_embeddings", "embedding", "any")].kernel == "torch embedding"
+    runner.embed = SimpleNamespace(label="cuda embed_rows")  # type: ignore[attr-defined]
+    by = {(p.layer, p.op, p.rows): p for p in gpu_paths(m, runner)}  # type: ignore[arg-type]
+    assert by[("tok_embeddings", "embedding", "1")].kernel == "cuda embed_rows"
+    assert by[("tok_embeddings", "embedding", "1")].graphs == "decode"
+    many = by[("tok_embeddings", "embedding", "4-64")]
+    assert many.kernel == "torch embedding"
+    assert many.graphs == "verify-4,8; chunk-4..32; prefill-16..64"

@@ -1,0 +1,153 @@
+"""What the decode step's two ends cost: PyTorch's kernels there against nib's, in one process.
+
+    python3 bench/step_ends.py --out bench/results
+
+A greedy decode step began with PyTorch's embedding lookup and advanced the position
+with a PyTorch add between the lm_head and the greedy pick. Neither kernel launches
+the next one early, so the first q/k/v GEMV and the pick each started only after
+them (bench/step_timeline.py: the pick's first block began ~2.7 µs after the
+lm_head's last had ended). Now the embedding is engine/cuda/embed.cu and the greedy
+kernel advances the position itself (GraphRunner.embed, GraphRunner.greedy_advances).
+
+For each shape and format the model is built as bench/decode.py builds it and
+start-up's step tuning runs once; then the greedy decode step is timed with the
+step tuner's own measure (engine/step_tuning.step_us: a graph of 8 decode steps at
+a mid-context position, the median of 15 replays) for
+  - `pytorch-ends`: PyTorch's embedding, the position added before the pick;
+  - `nib-ends`: nib's embedding kernel, the pick advancing the position;
+alternating, --rounds rounds, and the profiler counts each variant's kernels in one
+eager step. Same weights, same configs: the difference is the two ends alone.
+Writes bench/results/<date>-step-ends.json (date, device, torch, command, rows: one
+per shape, format and variant with its per-round µs, their median and the kernels
+per step; `saved_us`: pytorch-ends minus nib-ends, per shape and format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result
+
+VARIANTS = ("pytorch-ends", "nib-ends")
+
+
+def set_variant(runner: object, variant: str, embed: object) -> None:
+    runner.embed = embed if variant == "nib-ends" else None  # type: ignore[attr-defined]
+    runner.greedy_advances = variant == "nib-ends"  # type: ignore[attr-defined]
+
+
+def kernels_per_step(runner: object) -> int:
+    """Kernels one eager greedy decode step launches (the CUDA profiler's count)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    body = runner.bodies[runner._decode_name(0, True)]  # type: ignore[attr-defined]
+    with torch.cuda.stream(runner.stream), torch.inference_mode():  # type: ignore[attr-defined]
+        runner.pos.fill_(256)  # type: ignore[attr-defined]
+        body()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            body()
+            torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
+    import decode  # bench/decode.py: the same model builder and kernels
+    from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
+
+    from nib.engine.graphs import GraphRunner
+    from nib.engine.step_tuning import step_us, tune_step
+
+    decode.SHAPES.update(TEST_SHAPES)
+    hf = decode.build_hf(shape)
+    model = decode.prepare_nib(hf, fmt == "int4", 1024)
+    del hf
+    gc.collect()
+    runner = GraphRunner(model, 1024, use_graphs=True)
+    embed = runner.embed
+    if embed is None or runner.greedy is None:
+        raise SystemExit("step_ends.py needs nib's CUDA kernels (embedding and greedy pick)")
+    tuned = tune_step(runner)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(rounds):
+        for variant in VARIANTS:
+            set_variant(runner, variant, embed)
+            times[variant].append(step_us(runner, steps=8, reps=15))
+    rows = []
+    for variant in VARIANTS:
+        set_variant(runner, variant, embed)
+        rows.append(
+            {
+                "shape": shape,
+                "format": fmt,
+                "variant": variant,
+                "step_us_rounds": times[variant],
+                "step_us_median": statistics.median(times[variant]),
+                "kernels_per_step": kernels_per_step(runner),
+                "step_tuning": tuned,
+            }
+        )
+    set_variant(runner, "nib-ends", embed)
+    del runner, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shapes", default="llama-2-7b,qwen2.5-coder-1.5b")
+    ap.add_argument("--formats", default="int4,bf16", help="int4 (fp16 activations) and/or bf16")
+    ap.add_argument("--rounds", type=int, default=5, help="alternations of the two variants")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if not torch.cuda.is_available():
+        print("step_ends.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows: list[dict[str, object]] = []
+    saved: dict[str, float] = {}
+    for shape in args.shapes.split(","):
+        for fmt in args.formats.split(","):
+            if fmt not in ("int4", "bf16"):
+                ap.error(f"--formats: {fmt!r} is not int4 or bf16")
+            print(f"== {shape} {fmt}", flush=True)
+            pair = measure(shape, fmt, args.rounds)
+            rows += pair
+            median = {str(r["variant"]): float(r["step_us_median"]) for r in pair}  # type: ignore[arg-type]
+            saved[f"{shape} {fmt}"] = median["pytorch-ends"] - median["nib-ends"]
+            for r in pair:
+                print(
+                    f"   {r['variant']:13s} {r['step_us_median']:8.1f} us/step "
+                    f"({r['kernels_per_step']} kernels), rounds "
+                    + " ".join(f"{t:.1f}" for t in r["step_us_rounds"]),  # type: ignore[attr-defined]
+                    flush=True,
+                )
+            if args.out:  # what has been measured survives a later row's failure
+                write_result(
+                    args.out, "step-ends", "step_ends.py", {"rows": rows, "saved_us": saved}
+                )
+    print("| shape | format | pytorch ends µs | nib ends µs | saved µs |")
+    print("|---|---|---:|---:|---:|")
+    for key, value in saved.items():
+        shape, fmt = key.split(" ")
+        by = {str(r["variant"]): r for r in rows if r["shape"] == shape and r["format"] == fmt}
+        print(
+            f"| {shape} | {fmt} | {by['pytorch-ends']['step_us_median']:.1f} "
+            f"| {by['nib-ends']['step_us_median']:.1f} | {value:+.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
