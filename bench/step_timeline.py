@@ -27,8 +27,14 @@ before it ("prev", whose last block left at prev_end):
 
 Kernels nib does not build (PyTorch's embedding and position ops, Triton's) are not
 traced; an interval spanning one says so (`after` names the traced kernel before).
-The tracing costs each block an atomic and a 40-byte store: `replay_us` is the traced
+The tracing costs each block an atomic and a 64-byte store: `replay_us` is the traced
 graph's replay time, to be read against bench/decode.py's untraced one.
+
+The INT4 GEMVs and the attention also mark points of their own after the wait
+(NIB_TRACE_MARK, thread 0's clock): `phases` names what lies between the wait, each
+mark and the end (PHASES: for a GEMV staging the activations, streaming its weights,
+the reduction and epilogue), with `phase_us_median` for the kernel's median block and
+`phase_us_last_block` for the block that ended last, the one the next kernel waits for.
 
 Writes bench/results/<date>-step-timeline.json (date, device, torch, command, rows;
 `--tag T`: <date>-step-timeline-T.json). `--force KNOB=LABEL` runs a chosen config for a
@@ -40,6 +46,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import itertools
 import math
 import os
 import statistics
@@ -59,6 +66,7 @@ RECORD = np.dtype(
         ("start", "<u8"),
         ("waited", "<u8"),
         ("end", "<u8"),
+        ("marks", "<u8", (3,)),
         ("smid", "<u4"),
         ("kind", "<u4"),
         ("grid", "<u4"),
@@ -66,6 +74,13 @@ RECORD = np.dtype(
     ]
 )  # fmt: skip  (common.cuh's NibTraceRecord)
 CAPACITY = 1 << 16  # NIB_TRACE_CAPACITY
+# What the time between a kernel's wait, its NIB_TRACE_MARKs (thread 0's) and its end
+# is, by kind (w4a16.cu, attention.cu); the other kernels mark nothing.
+PHASES: dict[int, tuple[str, ...]] = {
+    1: ("stage x", "stream weights", "reduce + epilogue"),
+    2: ("stage x", "stream weights", "reduce + epilogue"),
+    4: ("rope + q", "attend tiles", "merge warps", "merge splits + store"),
+}
 # A small model of the Llama family's structure, for tests/gpu (seconds, not minutes).
 TEST_SHAPES: dict[str, dict[str, object]] = {
     "tiny-llama": dict(
@@ -98,6 +113,8 @@ class Instance:
     waits: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
     sms: set[int] = field(default_factory=set)
+    # Per block: (waited, its marks, end); 0 for a point the block never reached.
+    blocks: list[tuple[int, tuple[int, ...], int]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -132,7 +149,39 @@ def group_instances(records: list[tuple[str, np.ndarray]]) -> list[Instance]:
             inst.waits.append(int(r["waited"]))
         inst.ends.append(int(r["end"]))
         inst.sms.add(int(r["smid"]))
+        inst.blocks.append((int(r["waited"]), tuple(int(m) for m in r["marks"]), int(r["end"])))
     return out
+
+
+def block_phases(waited: int, marks: tuple[int, ...], end: int) -> list[float] | None:
+    """µs from a block's wait through each of its marks to its end (marks in order, up to
+    the first it did not reach); None if it never waited."""
+    if not waited:
+        return None
+    points = [waited]
+    for m in marks:
+        if not m:
+            break
+        points.append(m)
+    points.append(end)
+    return [(b - a) / 1e3 for a, b in itertools.pairwise(points)]
+
+
+def phase_stats(inst: Instance) -> dict[str, object]:
+    """The kernel's phases (PHASES) after its wait: the median over its blocks that passed
+    every mark, and the last block to end (the one the next kernel waits for)."""
+    names = PHASES.get(inst.kind)
+    if not names:
+        return {}
+    per = [p for p in (block_phases(*b) for b in inst.blocks) if p and len(p) == len(names)]
+    if not per:
+        return {}
+    last = block_phases(*max(inst.blocks, key=lambda b: b[2]))
+    return {
+        "phases": list(names),
+        "phase_us_median": [statistics.median(col) for col in zip(*per, strict=True)],
+        "phase_us_last_block": last if last and len(last) == len(names) else None,
+    }
 
 
 def roles(instances: list[Instance], layers: int) -> list[str]:
@@ -167,6 +216,7 @@ def boundaries(instances: list[Instance], names: list[str]) -> list[dict[str, fl
                 "blocks": len(cur.starts),
                 "sms": len(cur.sms),
                 "complete": cur.complete,
+                **phase_stats(cur),
             }
         )
     return out
@@ -193,6 +243,13 @@ def summarise(per_replay: list[list[dict[str, float]]]) -> list[dict[str, object
         row["interval_us_per_step"] = sum(float(b["interval_us"]) for b in items) / len(per_replay)
         row["blocks"] = items[0]["blocks"]
         row["sms"] = statistics.median(int(b["sms"]) for b in items)
+        phased = [b for b in items if b.get("phases")]
+        if phased:
+            row["phases"] = phased[0]["phases"]
+            for key in ("phase_us_median", "phase_us_last_block"):
+                cols = [b[key] for b in phased if b.get(key)]
+                if cols:
+                    row[key] = [statistics.median(c) for c in zip(*cols, strict=True)]
         out.append(row)
     return out
 
@@ -371,6 +428,26 @@ def table(rows: list[dict[str, object]]) -> list[str]:
     return lines
 
 
+def phase_table(rows: list[dict[str, object]]) -> list[str]:
+    """Per kernel that marks its phases: µs from its wait through each phase, for its
+    median block and for its last block to end (medians over layers and replays)."""
+    lines = [
+        "| shape | format | kernel | phases | median block µs | last block µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for r in row["roles"]:  # type: ignore[attr-defined]
+            if "phase_us_median" not in r:
+                continue
+            last = r.get("phase_us_last_block")
+            lines.append(
+                f"| {row['shape']} | {row['format']} | {r['role']} | {' / '.join(r['phases'])} "
+                f"| {' / '.join(f'{v:.2f}' for v in r['phase_us_median'])} "
+                f"| {' / '.join(f'{v:.2f}' for v in last) if last else '-'} |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -413,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"step-timeline-{args.tag}" if args.tag else "step-timeline"
                 write_result(args.out, name, "step_timeline.py", {"rows": rows})
     print("\n".join(table(rows)))
+    print("\n".join(phase_table(rows)))
     return 0
 
 

@@ -355,6 +355,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
     }
   }
   __syncthreads();
+  NIB_TRACE_MARK(0);  // q rotated into shared memory (and the new k/v written)
 
   // Q^T's B fragments, once per warp: lane i addresses head i % 8 of chunk 4kk + i / 8,
   // so registers 0, 1 / 2, 3 are k-steps 2kk / 2kk + 1 (dims 2t.. and 2t + 8.. each).
@@ -399,6 +400,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   }
   cp_async_wait<0>();
   __syncwarp();
+  NIB_TRACE_MARK(1);  // warp 0's tiles attended
 
   // This warp's partial into its own (now idle) slots: max, sum per head, o [G][D].
   // l: sum over the 8 lanes g that hold a head's positions.
@@ -453,6 +455,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
       if (d4 == 0) *reinterpret_cast<float2*>(a.ml_part + row * 2) = make_float2(mb, lb);
     }
   }
+  NIB_TRACE_MARK(2);  // the warps merged: the block's partial written
   if constexpr (CLUSTER) {
     // The cluster is this KV head's splits (block rank = split). After the first barrier
     // every used block's partial is in its shared memory; the first block merges them

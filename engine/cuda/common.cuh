@@ -146,13 +146,19 @@ NIB_DEVICE void pdl_wait() {
 // bench/step_timeline.py builds the kernels with -DNIB_TRACE (NIB_CUDA_TRACE=1): each
 // block's thread 0 then records when the block started, when its pdl_wait returned and
 // when it left (%globaltimer, ns, one clock for every SM), its SM and its launch's
-// grid, into this module's nib_trace buffer (the host reads it by name). Without
-// NIB_TRACE both macros are empty and the kernels compile exactly as before.
+// grid, into this module's nib_trace buffer (the host reads it by name). A kernel may
+// also mark up to NIB_TRACE_MARKS points of its own between the wait and the end
+// (NIB_TRACE_MARK(i): when thread 0 got there; 0 where never reached), so the time after
+// the wait splits into phases (e.g. activations staged, weights consumed). Without
+// NIB_TRACE the macros are empty and the kernels compile exactly as before.
+#define NIB_TRACE_MARKS 3
 #ifdef NIB_TRACE
 struct NibTraceRecord {
   u64 start, waited, end;
+  u64 marks[NIB_TRACE_MARKS];
   u32 smid, kind, grid, threads;
 };
+static_assert(sizeof(NibTraceRecord) == 64, "bench/step_timeline.py's RECORD");
 #define NIB_TRACE_CAPACITY (1u << 16)
 __device__ NibTraceRecord nib_trace[NIB_TRACE_CAPACITY];
 __device__ u32 nib_trace_count;
@@ -163,24 +169,35 @@ NIB_DEVICE u64 nib_globaltimer() {
 }
 struct NibTraceScope {
   u64 start, waited;
+  u32 marks[NIB_TRACE_MARKS];  // ns after start (32-bit: one register each)
   u32 kind;
-  __device__ explicit NibTraceScope(u32 k) : start(nib_globaltimer()), waited(0), kind(k) {}
+  __device__ explicit NibTraceScope(u32 k) : start(nib_globaltimer()), waited(0), kind(k) {
+#pragma unroll
+    for (int i = 0; i < NIB_TRACE_MARKS; ++i) marks[i] = 0;
+  }
   __device__ void wait_done() { waited = nib_globaltimer(); }
+  __device__ void mark(int i) { marks[i] = (u32)(nib_globaltimer() - start); }
   __device__ ~NibTraceScope() {  // every return path of the block's thread 0
     if (threadIdx.x != 0) return;
     const u64 end = nib_globaltimer();
     u32 sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     const u32 i = atomicAdd(&nib_trace_count, 1u);
+    u64 at[NIB_TRACE_MARKS];
+#pragma unroll
+    for (int m = 0; m < NIB_TRACE_MARKS; ++m) at[m] = marks[m] ? start + marks[m] : 0;
     if (i < NIB_TRACE_CAPACITY)
-      nib_trace[i] = {start, waited, end, sm, kind, gridDim.x * gridDim.y * gridDim.z, blockDim.x};
+      nib_trace[i] = {start, waited, end, {at[0], at[1], at[2]}, sm, kind,
+                      gridDim.x * gridDim.y * gridDim.z, blockDim.x};
   }
 };
 #define NIB_TRACE_BLOCK(kind) NibTraceScope nib_trace_scope_(kind)
 #define NIB_TRACE_WAITED() nib_trace_scope_.wait_done()
+#define NIB_TRACE_MARK(i) nib_trace_scope_.mark(i)
 #else
 #define NIB_TRACE_BLOCK(kind) ((void)0)
 #define NIB_TRACE_WAITED() ((void)0)
+#define NIB_TRACE_MARK(i) ((void)0)
 #endif
 // The kinds the records carry (bench/step_timeline.py names them).
 enum { NIB_KIND_W4A16 = 1, NIB_KIND_W4A16_BULK = 2, NIB_KIND_GEMV16 = 3, NIB_KIND_ATTENTION = 4,

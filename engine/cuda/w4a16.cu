@@ -511,6 +511,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
   float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
+  NIB_TRACE_MARK(0);  // activations staged
 
   float acc[R][MT][4];
   zero(acc);
@@ -524,6 +525,7 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
       }
     }
   }
+  NIB_TRACE_MARK(1);  // this warp's weights consumed
   reduce_and_finish<MT, R, WARPS, CL>(a, b, acc, red, scratch, ops);
 }
 
@@ -576,6 +578,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   NIB_TRACE_WAITED();
   ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
+  NIB_TRACE_MARK(0);  // activations staged
 
   float acc[R][MT][4];
   zero(acc);
@@ -598,6 +601,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
+  NIB_TRACE_MARK(1);  // every stage consumed
   reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch, ops);
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only

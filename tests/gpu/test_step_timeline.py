@@ -47,3 +47,17 @@ def test_every_block_of_a_decode_step_is_recorded_in_a_possible_order(tmp_path: 
     # before it: it launches while the lm_head finishes (programmatic dependent launch).
     greedy = next(r for r in rows["int4"]["roles"] if r["role"] == "greedy")
     assert greedy["lead_us"] > 0, greedy
+    # The GEMVs and the attention mark their phases; on one SM's thread the marks come in
+    # order, and the last block's phases fit inside the time after the first wait.
+    tick = rows["int4"]["clock_tick_ns"] / 1e3
+    for r in rows["int4"]["roles"]:
+        if r["role"] in ("greedy", "embed"):
+            assert "phases" not in r, r
+            continue
+        assert len(r["phases"]) == len(r["phase_us_median"]) in (3, 4), r
+        assert all(v >= 0 for v in r["phase_us_median"]), r
+        assert r["phase_us_last_block"] and all(v >= 0 for v in r["phase_us_last_block"]), r
+    marked = [b for b in rows["int4"]["layer_boundaries_last_replay"] if b.get("phases")]
+    assert len(marked) >= 4 * layers, len(marked)  # every GEMV and attention of the step
+    for b in marked:  # one launch: its last block waited no earlier than its first
+        assert sum(b["phase_us_last_block"]) <= b["after_wait_us"] + tick, b

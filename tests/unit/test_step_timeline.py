@@ -30,7 +30,10 @@ def records(st, kind: int, grid: int, threads: int, starts, waits, ends, sm0: in
 
 def test_importing_the_script_leaves_the_kernels_untraced(st) -> None:  # type: ignore[no-untyped-def]
     assert os.environ.get("NIB_CUDA_TRACE", "0") != "1"
-    assert st.RECORD.itemsize == 40  # common.cuh's NibTraceRecord: 3 x u64 + 4 x u32
+    assert st.RECORD.itemsize == 64  # common.cuh's NibTraceRecord: 6 x u64 + 4 x u32
+    text = (Path(st.__file__).parents[1] / "engine" / "cuda" / "common.cuh").read_text()
+    assert "static_assert(sizeof(NibTraceRecord) == 64" in text
+    assert "#define NIB_TRACE_MARKS 3" in text and st.RECORD["marks"].shape == (3,)
 
 
 def test_two_launches_of_one_kernel_are_two_instances_in_launch_order(st) -> None:  # type: ignore[no-untyped-def]
@@ -104,3 +107,30 @@ def test_the_clock_tick_is_the_gcd_of_the_stamps(st) -> None:  # type: ignore[no
     assert st.tick_ns([("m", a)]) == 32
     c = records(st, 1, 2, 128, [1000, 1001], [0, 0], [1003, 1010])
     assert st.tick_ns([("m", c)]) == 1
+
+
+def test_phases_split_the_time_after_the_wait_at_each_mark(st) -> None:  # type: ignore[no-untyped-def]
+    # A GEMV (kind 1, two marks) of two blocks, then an attention (kind 4, three marks)
+    # whose second block left before its first mark (an unused split): not a phase sample.
+    g = records(st, 1, 2, 128, [0, 10], [1000, 1100], [5000, 6000])
+    g["marks"] = [[1500, 4000, 0], [1700, 5200, 0]]
+    a = records(st, 4, 2, 256, [5100, 5200], [6100, 6200], [9000, 6300])
+    a["marks"] = [[6600, 7600, 8000], [0, 0, 0]]
+    inst = st.group_instances([("w4a16.cu", g), ("attention.cu", a)])
+    gemv = st.phase_stats(inst[0])
+    assert gemv["phases"] == ["stage x", "stream weights", "reduce + epilogue"]
+    # block 0: 0.5 / 2.5 / 1.0 us, block 1: 0.6 / 3.5 / 0.8; medians of two: the means.
+    assert gemv["phase_us_median"] == pytest.approx([0.55, 3.0, 0.9])
+    assert gemv["phase_us_last_block"] == pytest.approx([0.6, 3.5, 0.8])
+    att = st.phase_stats(inst[1])
+    assert att["phases"][0] == "rope + q" and len(att["phases"]) == 4
+    assert att["phase_us_median"] == pytest.approx([0.5, 1.0, 0.4, 1.0])  # block 0 only
+    assert att["phase_us_last_block"] == pytest.approx([0.5, 1.0, 0.4, 1.0])
+    assert st.phase_stats(st.Instance("g", 5, 1, 256)) == {}  # greedy marks nothing
+    (bound,) = st.boundaries(inst, ["gate_up", "attention"])
+    assert bound["phase_us_median"] == att["phase_us_median"]
+    rows = st.summarise([[bound], [bound]])
+    assert rows[0]["phase_us_median"] == pytest.approx(att["phase_us_median"])
+    table = st.phase_table([{"shape": "s", "format": "int4", "roles": rows}])
+    assert table[2].startswith("| s | int4 | attention | rope + q / attend tiles")
+    assert "0.50 / 1.00 / 0.40 / 1.00" in table[2]
