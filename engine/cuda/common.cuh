@@ -126,17 +126,6 @@ NIB_DEVICE float block_sum(float v, float* scratch) {
 
 NIB_DEVICE float silu(float g) { return g / (1.f + __expf(-g)); }
 
-// A hint: bring the 128-byte line holding p into L2 (no register, no wait).
-NIB_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// Every 128-byte line of [p, p + bytes) into L2, a line per thread of the block per trip
-// (steps of 128 from p reach every line the range touches; the last byte closes it).
-template <int THREADS>
-NIB_DEVICE void prefetch_lines(const void* p, int bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int off = threadIdx.x * 128; off < bytes + 127; off += THREADS * 128)
-    prefetch_l2(c + min(off, bytes - 1));
-}
-
 // ---- programmatic dependent launch (sm_90) ---------------------------------------
 // launch_dependents: the next kernel on the stream may start once every block of this
 // one has called it (or exited). wait: block until the previous kernel has finished

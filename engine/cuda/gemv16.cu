@@ -156,10 +156,6 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   // dependent launch (sm_90) their trip to memory overlaps that kernel's tail and the
   // staging below; nothing the previous kernel writes is read before pdl_wait.
   pdl_launch_dependents();
-  // The norm weight's slice into L2 too: no kernel of the step writes it, and the
-  // staging below reads it after the wait, where it was a trip to DRAM on the critical
-  // path (a layer's norm weight was last read a step earlier).
-  if (a.norm) prefetch_lines<THREADS>(a.nw + k0, (k1 - k0) * 2);
   uint4 buf[U][ROWS];
   if (total > 0) set_rows(0);
 #pragma unroll

@@ -236,17 +236,6 @@ NIB_DEVICE float sum_squares(uint4 v, bool xbf) {
   return ss;
 }
 
-// The RMSNorm weight of this block's K slice into L2, before the wait: no kernel of the
-// step writes it, and stage_x reads it after the wait, where it was a trip to DRAM on
-// the kernel's critical path (a layer's norm weight was last read a step earlier).
-// bench/step_timeline.py's phases: staging with the norm took 1.3-1.6 us against 0.54
-// without it on rows as long (Qwen2.5-1.5B INT4, 2026-12-02).
-template <int THREADS>
-NIB_DEVICE void prefetch_norm_weight(const W4Args& a, const Block& b) {
-  if (!a.norm) return;  // 128 inputs of 2 bytes a group
-  prefetch_lines<THREADS>(reinterpret_cast<const u16*>(a.nw) + b.gb0 * 128, (b.gb1 - b.gb0) * 256);
-}
-
 // One row of activations -> fp16 in shared memory (this block's K slice), after the
 // optional RMSNorm over the whole row. A row of up to THREADS * HELD vectors is read
 // once, into registers (one trip to L2 before the barrier); longer rows twice. Ends
@@ -514,7 +503,6 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
   LanePairs<MT, R, WARPS> ops;
   ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
-  if constexpr (SMEM_X) prefetch_norm_weight<WARPS * 32>(a, b);
   pdl_wait();
   NIB_TRACE_WAITED();
   ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
@@ -586,7 +574,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
   LanePairs<MT, R, WARPS> ops;
   ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
-  if constexpr (SMEM_X) prefetch_norm_weight<WARPS * 32>(a, b);
   pdl_wait();
   NIB_TRACE_WAITED();
   ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
