@@ -44,18 +44,10 @@ def set_variant(runner: object, variant: str, embed: object) -> None:
 
 
 def kernels_per_step(runner: object) -> int:
-    """Kernels one eager greedy decode step launches (the CUDA profiler's count)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Kernels one eager greedy decode step launches (bench/decode.py's profile)."""
+    import decode
 
-    body = runner.bodies[runner._decode_name(0, True)]  # type: ignore[attr-defined]
-    with torch.cuda.stream(runner.stream), torch.inference_mode():  # type: ignore[attr-defined]
-        runner.pos.fill_(256)  # type: ignore[attr-defined]
-        body()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            body()
-            torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return round(decode.profile_decode_step(runner, 256)["kernels_per_step"])
 
 
 def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:

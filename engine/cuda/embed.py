@@ -68,12 +68,11 @@ class CudaEmbedding:
         from nib.engine.cuda.loader import module, pdl
 
         check_table(table)
-        device = table.device
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.table, self.device = table, device
-        self._module = module("embed.cu", device)
-        self._pdl = pdl(device)
+        self.table, self.device = table, table.device  # a tensor's device has its index
+        self._vecs = table.shape[1] * table.element_size() // 16
+        self._blocks = blocks_for(table.shape[1], table.element_size())
+        self._module = module("embed.cu", self.device)
+        self._pdl = pdl(self.device)
 
     @property
     def label(self) -> str:
@@ -98,12 +97,12 @@ class CudaEmbedding:
                 f"on {self.device}, got {out.dtype} {tuple(out.shape)}"
             )
         rows = tokens.numel()
-        vecs = hidden * self.table.element_size() // 16
         args = EmbedArgs(
-            tokens.data_ptr(), self.table.data_ptr(), out.data_ptr(), vocab, rows, vecs
+            tokens.data_ptr(), self.table.data_ptr(), out.data_ptr(), vocab, rows, self._vecs
         )
-        blocks = blocks_for(hidden, self.table.element_size())
-        self._module.kernel("embed_rows").launch((blocks, rows), (THREADS,), args, pdl=self._pdl)
+        self._module.kernel("embed_rows").launch(
+            (self._blocks, rows), (THREADS,), args, pdl=self._pdl
+        )
         return out
 
 
