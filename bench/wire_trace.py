@@ -54,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The path of one request, in order; a hop is the time from one stamp to the next.
 ORDER = (
     "client_send",  # before Client.complete()
-    "client_called",  # complete() returned: the call is started
+    "client_called",  # complete() returned: the call is started (the server may
+    # already have intercepted it, so this hop can be negative)
     "intercept",  # the server's first interceptor sees the call
     "handler",  # Ledger.open: the handler starts admitting it
     "parsed",  # validated into a CompletionSpec

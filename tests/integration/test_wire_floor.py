@@ -60,6 +60,16 @@ def test_the_sync_floor_serves_the_tokens(floor: ModuleType, sync_floor: str) ->
     assert times == sorted(times)
 
 
+def assert_in_order(row: dict[str, int], path: list[str]) -> None:
+    """A request's stamps follow `path`, except `client_called`: it is stamped when
+    complete() returns, and by then the call is on its way, so the server may already
+    have intercepted it (CI saw this with the sync client on 2 cores). It still lies
+    between the client's own stamps."""
+    ordered = [label for label in path if label != "client_called"]
+    assert [row[label] for label in ordered] == sorted(row[label] for label in ordered)
+    assert row["client_send"] <= row["client_called"] <= row["client_first"]
+
+
 @pytest.mark.parametrize(("server", "client"), [("sync", "aio"), ("aio", "sync")])
 def test_the_trace_reads_the_floor_in_either_flavour(
     server: str, client: str, tmp_path: Path
@@ -76,7 +86,7 @@ def test_the_trace_reads_the_floor_in_either_flavour(
     assert path == hops.split()
     assert len(written["rows"]) == 3
     for row in written["rows"]:
-        assert [row[label] for label in path] == sorted(row[label] for label in path)
+        assert_in_order(row, path)
     summary = written["summary"]
     assert summary["engine_ttft_ms"] >= 2.0  # the stub's prefill
     assert summary["client_ttft_ms"] > summary["engine_ttft_ms"]
@@ -106,7 +116,7 @@ def test_the_trace_follows_completions_on_one_open_session(tmp_path: Path) -> No
         path = [label for label in trace.ORDER if label in row and label != "sink"]
         for label in ("intercept", "handler", "submit", "first_token", "yielded"):
             assert label in path, (label, row)
-        assert [row[label] for label in path] == sorted(row[label] for label in path)
+        assert_in_order(row, path)
     assert written["summary"]["engine_ttft_ms"] >= 2.0
     assert written["summary"]["client_ttft_ms"] > written["summary"]["engine_ttft_ms"]
 
