@@ -160,7 +160,7 @@ class FusedDecodeAttention:
             splits = default_splits(num_kv_heads, self.group, head_dim, sms)
         if not 1 <= splits <= MAX_SPLITS:
             raise ValueError(f"fused decode attention: splits {splits} not in 1..{MAX_SPLITS}")
-        from nib.engine.cuda.loader import module, pdl
+        from nib.engine.cuda.loader import Bound, module, pdl
 
         base = f"rope_attend_d{head_dim}_{DTYPES[dtype]}_w{warps}"
         self.shared = shared_bytes(head_dim, warps)
@@ -190,7 +190,8 @@ class FusedDecodeAttention:
         # Zero between launches: the merging block resets its counter.
         self.counters = torch.zeros(num_kv_heads, dtype=torch.int32, device=device)
         self.scale_log2 = math.log2(math.e) / math.sqrt(head_dim)
-        self._kernel = module("attention.cu", device).kernel(base + ("_cluster" if cluster else ""))
+        self._module = Bound("attention.cu", device)
+        self._kernel_name = base + ("_cluster" if cluster else "")
         self._pdl = pdl(device)  # starts while the q/k/v GEMV finishes (attention.cu)
 
     def label(self) -> str:
@@ -256,7 +257,7 @@ class FusedDecodeAttention:
         )  # fmt: skip
         grid = (self.shape.splits, self.num_kv_heads)
         cluster = (self.shape.splits, 1, 1) if self.shape.cluster else None
-        self._kernel.launch(
+        self._module.get().kernel(self._kernel_name).launch(
             grid, (self.shape.warps * 32,), args, self.shared, pdl=self._pdl, cluster=cluster
         )
         return out

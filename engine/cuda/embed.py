@@ -65,13 +65,13 @@ class CudaEmbedding:
     """Rows of one embedding table, looked up on the current stream (graph-safe)."""
 
     def __init__(self, table: torch.Tensor) -> None:
-        from nib.engine.cuda.loader import module, pdl
+        from nib.engine.cuda.loader import Bound, pdl
 
         check_table(table)
         self.table, self.device = table, table.device  # a tensor's device has its index
         self._vecs = table.shape[1] * table.element_size() // 16
         self._blocks = blocks_for(table.shape[1], table.element_size())
-        self._module = module("embed.cu", self.device)
+        self._module = Bound("embed.cu", self.device)
         self._pdl = pdl(self.device)
 
     @property
@@ -100,7 +100,7 @@ class CudaEmbedding:
         args = EmbedArgs(
             tokens.data_ptr(), self.table.data_ptr(), out.data_ptr(), vocab, rows, self._vecs
         )
-        self._module.kernel("embed_rows").launch(
+        self._module.get().kernel("embed_rows").launch(
             (self._blocks, rows), (THREADS,), args, pdl=self._pdl
         )
         return out

@@ -113,13 +113,13 @@ class CudaGreedy:
     ) -> None:
         if vocab < 1 or max_rows < 1:
             raise ValueError(f"greedy: vocab {vocab} and max_rows {max_rows} must be >= 1")
-        from nib.engine.cuda.loader import module, pdl
+        from nib.engine.cuda.loader import Bound, pdl
 
         if device.type == "cuda" and device.index is None:  # "cuda" != "cuda:0" in checks
             device = torch.device("cuda", torch.cuda.current_device())
         self.vocab, self.max_rows, self.device = vocab, max_rows, device
         self.sys_fence = sys_fence
-        self._module = module("greedy.cu", device)
+        self._module = Bound("greedy.cu", device)
         # Programmatic dependent launch (sm_90): start while the lm_head finishes.
         self._pdl = pdl(device)
         self.ws = torch.empty(max_rows * MAX_BLOCKS * PARTIAL_FLOATS, device=device)
@@ -190,7 +190,7 @@ class CudaGreedy:
             driver.ptr(advance), rows2.stride(0), self.vocab, int(self.sys_fence),
         )  # fmt: skip
         blocks = blocks_for(self.vocab, rows2.dtype)
-        self._module.kernel(name).launch((blocks, rows), (THREADS,), args, pdl=self._pdl)
+        self._module.get().kernel(name).launch((blocks, rows), (THREADS,), args, pdl=self._pdl)
         if tok_addr is None:
             out_token.copy_(self._token[:rows], non_blocking=True)
         if lp_addr is None:

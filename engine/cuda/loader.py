@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+from collections.abc import Iterable
 
 import torch
 
@@ -38,25 +40,102 @@ def trace_flags() -> tuple[str, ...]:
     return ("-DNIB_TRACE",) if os.environ.get("NIB_CUDA_TRACE", "0") == "1" else ()
 
 
+# Experiments in the kernel sources sit behind `#ifdef NIB_...` (the plain build is the
+# code without them). NIB_CUDA_DEFINES="NIB_A,NIB_B=2" builds every module with them;
+# bench/cuda_variants.py switches them within one process (set_defines) to time a
+# variant against the plain build on the same weights. A benchmarking aid, not a setting.
+# Every experiment the sources hold, and what it changes (tests/unit/test_cuda_build.py
+# holds this list to the sources' #ifdefs and builds each one without spills).
+EXPERIMENTS = {
+    "NIB_NORM_EARLY": "w4a16/gemv16: the RMSNorm weight slice copied to shared memory "
+    "before the wait for the previous kernel, not after it",
+    "NIB_WEIGHTS_EVICT_FIRST": "w4a16/gemv16: weights stream through L2 marked "
+    "evict-first, so the KV cache, norm weights and activations stay in L2",
+}
+_DEFINE = re.compile(r"NIB_[A-Z0-9_]+(=[A-Za-z0-9_.]+)?")
+_defines: tuple[str, ...] | None = None  # None: not yet read from NIB_CUDA_DEFINES
+generation = 0  # bumped by set_defines: Bound modules look themselves up again
+
+
+def parse_defines(text: str, what: str = "NIB_CUDA_DEFINES") -> tuple[str, ...]:
+    """ "NIB_A, NIB_B=2" -> ("NIB_A", "NIB_B=2"); ValueError naming `what` otherwise."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not _DEFINE.fullmatch(name):
+            raise ValueError(
+                f"{what}: {name!r} is not NIB_<NAME> or NIB_<NAME>=<value> "
+                "(upper-case letters, digits, underscores; a value of letters, digits, _ .)"
+            )
+        if name.split("=")[0] == "NIB_TRACE":
+            raise ValueError(f"{what}: NIB_TRACE has its own switch, NIB_CUDA_TRACE=1")
+    return names
+
+
+def defines() -> tuple[str, ...]:
+    """The experiment defines nib's CUDA modules are built with now (none by default)."""
+    global _defines
+    if _defines is None:
+        _defines = parse_defines(os.environ.get("NIB_CUDA_DEFINES", ""))
+    return _defines
+
+
+def set_defines(names: Iterable[str]) -> None:
+    """Build (or find built) every module looked up from now on with these defines;
+    objects holding a Bound module switch at their next launch."""
+    global _defines, generation
+    chosen = parse_defines(",".join(names), "set_defines")
+    with _lock:
+        _defines = chosen
+        generation += 1
+
+
+def build_flags() -> tuple[str, ...]:
+    """nvcc flags of the modules looked up now: the trace switch, then the defines."""
+    return trace_flags() + tuple(f"-D{name}" for name in defines())
+
+
 def module(source: str, device: torch.device) -> driver.Module:
-    """The loaded module of `source` (a file beside this package) on `device`."""
+    """The loaded module of `source` (a file beside this package) on `device`, built
+    with build_flags()."""
     index = _index(device)
-    flags = trace_flags()
+    flags = build_flags()
     key = (source, index, flags)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
             cap = torch.cuda.get_device_capability(index)
+            if defines():
+                log.warning("%s built with experiment defines %s", source, ",".join(defines()))
             image = build.cubin(source, build.arch(cap), flags)
             mod = _modules[key] = driver.Module(image, torch.device("cuda", index), source)
         return mod
 
 
+class Bound:
+    """A source's module on a device for an object that launches its kernels again and
+    again: looked up once, and again only after set_defines()."""
+
+    def __init__(self, source: str, device: torch.device) -> None:
+        self.source, self.device = source, device
+        self._generation = generation
+        self._module = module(source, device)
+
+    def get(self) -> driver.Module:
+        if self._generation != generation:
+            self._module = module(self.source, self.device)
+            self._generation = generation
+        return self._module
+
+
 def loaded(device: torch.device, traced: bool = False) -> list[driver.Module]:
-    """The modules loaded on `device` so far: the traced builds, or the plain ones."""
+    """The modules loaded on `device` so far: the traced builds, or the untraced ones."""
     index = _index(device)
     with _lock:
-        return [m for (_, i, flags), m in _modules.items() if i == index and bool(flags) == traced]
+        return [
+            m
+            for (_, i, flags), m in _modules.items()
+            if i == index and ("-DNIB_TRACE" in flags) == traced
+        ]
 
 
 def unavailable_reason(device: torch.device) -> str:

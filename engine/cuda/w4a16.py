@@ -259,9 +259,9 @@ class CudaInt4:
         self.one_row_candidates: list[W4Config] = []  # fastest first, set by int4_swap
         self.multi_row = W4Config()
         self._buffers: dict[tuple[W4Config, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        from nib.engine.cuda.loader import module, pdl
+        from nib.engine.cuda.loader import Bound, pdl
 
-        self._module = module("w4a16.cu", self.device)
+        self._module = Bound("w4a16.cu", self.device)
         self.capability = torch.cuda.get_device_capability(self.device)
         self.bulk_ok = self.capability >= BULK_CAPABILITY
         # Programmatic dependent launch: the weights of this layer start streaming while
@@ -332,7 +332,7 @@ class CudaInt4:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
         if cfg.cluster and self.capability < CLUSTER_CAPABILITY:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (thread-block clusters)")
-        kernel = self._module.kernel(kernel_name(mt, cfg, staged))
+        kernel = self._module.get().kernel(kernel_name(mt, cfg, staged))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
         ws = counters = None
@@ -406,5 +406,5 @@ class CudaInt4:
             self.qw.data_ptr(), self.sc.data_ptr(), w.data_ptr(), self.tiles, self.k,
             int(self.glu), self.n // 2,
         )  # fmt: skip
-        self._module.kernel("w4_dequant").launch((-(-threads // 256),), (256,), args)
+        self._module.get().kernel("w4_dequant").launch((-(-threads // 256),), (256,), args)
         return w
