@@ -8,6 +8,8 @@ where nvcc is installed (the GPU tests then run the same cubins).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -27,6 +29,35 @@ def test_compiles_without_spills(source: str, target: str) -> None:
         assert r.spill_stores == 0 and r.spill_loads == 0, f"{source} {target}: {r}"
         assert r.stack_bytes == 0, f"{source} {target}: {r}"
         assert r.registers <= 255
+
+
+def _experiments_in_sources() -> set[str]:
+    names: set[str] = set()
+    for path in build.HERE.glob("*.cu*"):
+        for m in re.finditer(r"#\s*if(?:n?def|\s+defined)\s*\(?\s*(NIB_\w+)", path.read_text()):
+            names.add(m[1])
+    return names - {"NIB_TRACE"}  # the step timeline's switch (NIB_CUDA_TRACE=1)
+
+
+def test_the_experiment_list_is_the_sources_own() -> None:
+    """Every `#ifdef NIB_...` in the sources is a listed experiment, and every listed
+    experiment is in the sources: loader.EXPERIMENTS is what bench/cuda_variants.py
+    offers and what the test below builds."""
+    assert _experiments_in_sources() == set(loader.EXPERIMENTS)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("define", [*sorted(loader.EXPERIMENTS), "all"])
+@pytest.mark.parametrize("source", ["w4a16.cu", "gemv16.cu"])
+def test_experiments_compile_without_spills(source: str, define: str, target: str) -> None:
+    nvcc_or_skip()
+    names = sorted(loader.EXPERIMENTS) if define == "all" else [define]
+    flags = tuple(f"-D{name}" for name in names)
+    report = build.resources(source, target, flags)
+    assert {r.kernel for r in report} == {r.kernel for r in build.resources(source, target)}
+    for r in report:
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{source} {flags} {target}: {r}"
+        assert r.stack_bytes == 0, f"{source} {flags} {target}: {r}"
 
 
 def test_every_w4a16_config_has_a_kernel() -> None:

@@ -1,0 +1,61 @@
+"""Kernel experiments (engine/cuda/loader.EXPERIMENTS) on the GPU: with all of them on,
+the INT4 and 16-bit GEMV kernel tests still hold against their references, and
+bench/cuda_variants.py times every variant and finds its logits equal to the plain
+build's (each experiment only moves or hints loads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nib.engine.cuda import loader
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _needs_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+
+def test_the_kernel_tests_pass_with_every_experiment_on() -> None:
+    _needs_cuda()
+    env = {**os.environ, "NIB_CUDA_DEFINES": ",".join(sorted(loader.EXPERIMENTS))}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+           "tests/gpu/test_cuda_w4a16.py", "tests/gpu/test_cuda_gemv16.py"]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    tail = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed[1]) > 100, tail
+    assert "failed" not in summary and "skipped" not in summary and "error" not in summary, tail
+
+
+def test_every_variant_is_timed_and_matches_the_plain_build(tmp_path: Path) -> None:
+    _needs_cuda()
+    cmd = [sys.executable, "bench/cuda_variants.py", "--shapes", "tiny-llama",
+           "--formats", "int4,bf16", "--rounds", "1", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*-cuda-variants.json")
+    result = json.loads(path.read_text())
+    assert list(result)[:4] == ["date", "device", "torch", "command"]
+    variants = {"plain", *loader.EXPERIMENTS, "+".join(sorted(loader.EXPERIMENTS))}
+    for fmt in ("int4", "bf16"):
+        rows = {r["variant"]: r for r in result["rows"] if r["format"] == fmt}
+        assert set(rows) == variants
+        assert rows["plain"]["delta_us"] == 0.0 and rows["plain"]["defines"] == []
+        for r in rows.values():
+            assert r["identical_logits"] is True and r["max_abs_logit_diff"] == 0.0, r
+            assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0

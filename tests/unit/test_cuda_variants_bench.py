@@ -1,0 +1,45 @@
+"""bench/cuda_variants.py's choices without a GPU: the variants it offers by default,
+and the clear refusal of one that is not an experiment in the sources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nib.engine.cuda import loader
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def cv(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import cuda_variants
+
+    return cuda_variants
+
+
+def test_the_default_is_plain_each_experiment_and_all_together(cv) -> None:  # type: ignore[no-untyped-def]
+    names = sorted(loader.EXPERIMENTS)
+    assert cv.default_variants() == ["plain", *names, "+".join(names)]
+    assert cv.parse_variant("plain") == ()
+    assert cv.parse_variant("+".join(names)) == tuple(names)
+
+
+@pytest.mark.parametrize("bad", ["NIB_NOT_AN_EXPERIMENT", "NDEBUG", "NIB_NORM_EARLY+junk"])
+def test_a_variant_that_is_not_an_experiment_is_refused(cv, bad: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="--variants"):
+        cv.parse_variant(bad)
+    with pytest.raises(SystemExit) as info:
+        cv.main(["--variants", bad])
+    assert info.value.code == 2
+    assert "--variants" in capsys.readouterr().err
+
+
+def test_bad_rounds_and_formats_are_refused(cv, capsys) -> None:  # type: ignore[no-untyped-def]
+    for argv, what in ((["--rounds", "0"], "--rounds"), (["--formats", "fp8"], "--formats")):
+        with pytest.raises(SystemExit) as info:
+            cv.main(argv)
+        assert info.value.code == 2
+        assert what in capsys.readouterr().err
