@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -11,6 +11,7 @@
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
 # timeline: bench/step_timeline.py (each kernel of a decode step on the GPU's clock; TIMELINE_ARGS).
 # ends: bench/step_ends.py (the step's embedding and position advance, PyTorch's against nib's; ENDS_ARGS).
+# tests leaves out tests/gpu/test_cuda_experiments.py: run experiments-tests beside it.
 # variants: bench/cuda_variants.py (the kernel experiments in engine/cuda/loader.EXPERIMENTS
 # against the plain build, one process, bit-identical logits checked; VARIANTS_ARGS).
 # wire-int4: bench/wire.py on issue 6's INT4 models (WIRE_SHAPES); wire-floors: the floor
@@ -55,7 +56,7 @@ run() {
 for step in ${*:-tests int4 typing decode}; do
   case $step in
     tests) TAIL=6 run tests ${TESTS_CAP:-540} python3 -m pytest -p no:cacheprovider -v --tb=short -rs \
-             $(ls tests/gpu/test_*.py | grep -v "test_int4_kernels\|test_int4_fused_gemv") \
+             $(ls tests/gpu/test_*.py | grep -v "test_int4_kernels\|test_int4_fused_gemv\|test_cuda_experiments") \
              tests/gpu/test_int4_fused_gemv.py tests/gpu/test_int4_kernels.py tests/unit/test_kernels.py \
              --junitxml="$LOGS/gpu-tests.xml"
            grep -E "(FAILED|ERROR)( |$)" "$LOGS/tests.log" | grep -v "^tests/gpu.* PASSED" | cut -c1-200 | head -30 ;;
@@ -123,6 +124,10 @@ for step in ${*:-tests int4 typing decode}; do
                      done
                    done
                  done ;;
+    experiments-tests) # tests/gpu/test_cuda_experiments.py (kept out of `tests`: its own builds
+              # and kernel tests take ~1-2 min, and `tests` already fills most of a call)
+              TAIL=8 run experiments-tests ${EXP_TESTS_CAP:-300} python3 -m pytest -p no:cacheprovider -q -rs \
+                tests/gpu/test_cuda_experiments.py --junitxml="$LOGS/experiments-tests.xml" ;;
     variants) # kernel experiments against the plain build, one process (bench/cuda_variants.py)
               TAIL=30 run variants ${VARIANTS_CAP:-420} python3 bench/cuda_variants.py --out bench/results ${VARIANTS_ARGS:-} ;;
     ends) TAIL=12 run step-ends ${ENDS_CAP:-300} python3 bench/step_ends.py --out bench/results ${ENDS_ARGS:-} ;;
