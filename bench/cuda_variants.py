@@ -97,8 +97,7 @@ def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
     from nib.engine.cuda import loader
-    from nib.engine.graphs import GraphRunner
-    from nib.engine.step_tuning import step_us, tune_step
+    from nib.engine.step_tuning import step_us
 
     decode.SHAPES.update(TEST_SHAPES)
     device = torch.device("cuda")
@@ -107,12 +106,7 @@ def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict
         raise SystemExit(f"cuda_variants.py needs nib's CUDA kernels: {why}")
     defines = {v: parse_variant(v) for v in variants}
     switch((), device)
-    hf = decode.build_hf(shape)
-    model = decode.prepare_nib(hf, fmt == "int4", 1024)
-    del hf
-    gc.collect()
-    runner = GraphRunner(model, 1024, use_graphs=True)
-    tuned = tune_step(runner)
+    runner, tuned = decode.tuned_runner(shape, fmt == "int4", 1024)
     position = max(1, min(512, runner.max_context // 2))
     token = 17
     reference = greedy_logits(runner, position, token)
@@ -148,7 +142,7 @@ def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict
                 "step_tuning": tuned,
             }
         )
-    del runner, model
+    del runner
     gc.collect()
     torch.cuda.empty_cache()
     return rows

@@ -114,6 +114,21 @@ def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.M
     return model
 
 
+def tuned_runner(shape: str, int4: bool, max_context: int) -> tuple[object, dict[str, str]]:
+    """`shape`'s model (random weights, prepare_nib) in a GraphRunner with graphs on and
+    its decode step tuned as start-up tunes it, nothing captured yet; and the choices.
+    What bench/step_ends.py, step_timeline.py and cuda_variants.py time."""
+    from nib.engine.graphs import GraphRunner
+    from nib.engine.step_tuning import tune_step
+
+    hf = build_hf(shape)
+    model = prepare_nib(hf, int4, max_context)
+    del hf
+    gc.collect()
+    runner = GraphRunner(model, max_context, use_graphs=True)
+    return runner, tune_step(runner)
+
+
 def run_torch_int4(hf: torch.nn.Module, prompt: list[int], new: int, reps: int) -> dict[str, float]:
     from torch_int4 import compiled_decode_step, prefill, swap_torch_int4
 

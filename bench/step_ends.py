@@ -54,19 +54,13 @@ def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
     import decode  # bench/decode.py: the same model builder and kernels
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
-    from nib.engine.graphs import GraphRunner
-    from nib.engine.step_tuning import step_us, tune_step
+    from nib.engine.step_tuning import step_us
 
     decode.SHAPES.update(TEST_SHAPES)
-    hf = decode.build_hf(shape)
-    model = decode.prepare_nib(hf, fmt == "int4", 1024)
-    del hf
-    gc.collect()
-    runner = GraphRunner(model, 1024, use_graphs=True)
+    runner, tuned = decode.tuned_runner(shape, fmt == "int4", 1024)
     embed = runner.embed
     if embed is None or runner.greedy is None:
         raise SystemExit("step_ends.py needs nib's CUDA kernels (embedding and greedy pick)")
-    tuned = tune_step(runner)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(rounds):
         for variant in VARIANTS:
@@ -87,7 +81,7 @@ def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
             }
         )
     set_variant(runner, "nib-ends", embed)
-    del runner, model
+    del runner
     gc.collect()
     torch.cuda.empty_cache()
     return rows

@@ -352,16 +352,9 @@ def trace_row(
     import decode  # bench/decode.py: the same model, kernels and step tuning
 
     decode.SHAPES.update(TEST_SHAPES)
-    from nib.engine.graphs import GraphRunner
-    from nib.engine.step_tuning import tune_step
-
-    hf = decode.build_hf(shape)
-    layers = int(hf.config.num_hidden_layers)
-    model = decode.prepare_nib(hf, fmt == "int4", position + 64)
-    del hf
-    gc.collect()
-    runner = GraphRunner(model, position + 64, use_graphs=True)
-    tuned = tune_step(runner)
+    runner, tuned = decode.tuned_runner(shape, fmt == "int4", position + 64)
+    model = runner.model
+    layers = model.cfg.num_layers
     applied = force_configs(model, forced or [])
     runner.capture()
     name = runner._decode_name(0, True)

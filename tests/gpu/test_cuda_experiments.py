@@ -5,7 +5,6 @@ build's (each experiment only moves or hints loads)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from nib.engine.cuda import loader
+from tests.gpu.bench_run import run_bench
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,13 +44,8 @@ def test_the_kernel_tests_pass_with_every_experiment_on() -> None:
 
 def test_every_variant_is_timed_and_matches_the_plain_build(tmp_path: Path) -> None:
     _needs_cuda()
-    cmd = [sys.executable, "bench/cuda_variants.py", "--shapes", "tiny-llama",
-           "--formats", "int4,bf16", "--rounds", "1", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*-cuda-variants.json")
-    result = json.loads(path.read_text())
-    assert list(result)[:4] == ["date", "device", "torch", "command"]
+    args = ["--shapes", "tiny-llama", "--formats", "int4,bf16", "--rounds", "1"]
+    result = run_bench("cuda_variants.py", args, tmp_path, "cuda-variants", timeout=900)
     variants = {"plain", *loader.EXPERIMENTS, "+".join(sorted(loader.EXPERIMENTS))}
     for fmt in ("int4", "bf16"):
         rows = {r["variant"]: r for r in result["rows"] if r["format"] == fmt}

@@ -3,22 +3,15 @@ launch of a decode step, in an order and with times that can be true."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.gpu.bench_run import run_bench
 
 
 def test_every_block_of_a_decode_step_is_recorded_in_a_possible_order(tmp_path: Path) -> None:
-    cmd = [sys.executable, "bench/step_timeline.py", "--shapes", "tiny-llama", "--formats", "int4,bf16",
-           "--replays", "3", "--position", "200", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = tmp_path.glob("*-step-timeline.json")
-    result = json.loads(path.read_text())
-    assert list(result)[:4] == ["date", "device", "torch", "command"]
+    args = ["--shapes", "tiny-llama", "--formats", "int4,bf16", "--replays", "3"]
+    args += ["--position", "200"]
+    result = run_bench("step_timeline.py", args, tmp_path, "step-timeline")
     rows = {r["format"]: r for r in result["rows"]}
     assert set(rows) == {"int4", "bf16"}
     for fmt, row in rows.items():
