@@ -11,8 +11,9 @@ switches every nib kernel to that build and
 
   - checks its output: from one position and token, four greedy decode steps run
     eagerly, and their logits are compared with the plain build's, element by element
-    (`identical_logits`, `max_abs_logit_diff`; an experiment that only moves or hints
-    loads must be bit-identical, one that changes arithmetic says so here);
+    (`identical_logits`, `max_abs_logit_diff`; an experiment that only moves data or
+    changes who does a step of the same arithmetic must be bit-identical, one that
+    changes arithmetic says so here);
   - times the greedy decode step with the step tuner's own measure
     (engine/step_tuning.step_us: a graph of 8 decode steps at a mid-context position,
     the median of 15 replays), the variants alternating, --rounds rounds.
@@ -23,7 +24,7 @@ per shape, format and variant with its defines, output check, per-round µs and 
 median, and `delta_us` against plain; negative is faster). Exits 1 if a variant's
 logits differ where --exact (the default) asks for identical ones.
 
-    --variants plain,NIB_NORM_EARLY,NIB_WEIGHTS_EVICT_FIRST,NIB_NORM_EARLY+NIB_WEIGHTS_EVICT_FIRST
+    --variants plain,NIB_ATTN_PUSH
 """
 
 from __future__ import annotations

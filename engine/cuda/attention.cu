@@ -43,6 +43,55 @@
 // instructions, against the ~500 cycles an SM's share of bandwidth takes for its 8 KB.
 #include "common.cuh"
 
+#ifdef NIB_ATTN_PUSH
+// EXPERIMENT (engine/cuda/loader.py, bench/cuda_variants.py): the cluster merge pushes.
+// Every used block stores its merged partial into slot `split` of the first block's
+// shared memory (attention.py gives a cluster launch `splits` slots) and arrives at the
+// cluster barrier with release semantics, then exits; only the first block waits, and it
+// merges from its own shared memory. Against the plain merge (two full barriers, the
+// first block reading every partial remotely, the others waiting for it to finish), one
+// barrier wait leaves the critical path and the remote reads become local ones. A block
+// arrives (relaxed) at a first barrier phase when it starts and waits for it before its
+// first remote store, so the first block is known to be running; blocks without
+// positions exit at once (a cluster barrier waits only for non-exited threads).
+NIB_DEVICE void cluster_arrive_relaxed() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void cluster_arrive_release() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void cluster_wait_acquire() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void st_cluster_f4(u32 addr, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1,%2};" :: "r"(addr), "f"(v.x), "f"(v.y) : "memory");
+#else
+  __trap();
+#endif
+}
+#endif
+
 struct RopeAttnArgs {
   const u16* qkv;        // [(H + 2 KVH) D] this token's projection (activation dtype)
   const long long* pos;  // [1] the token's position (int64, device)
@@ -262,16 +311,21 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   // below it (written by earlier steps).
   NIB_TRACE_BLOCK(NIB_KIND_ATTENTION);
   pdl_launch_dependents();
+#ifdef NIB_ATTN_PUSH
+  if constexpr (CLUSTER) cluster_arrive_relaxed();  // phase 1: this block is running
+#endif
   const long long pos = *a.pos;
   if (pos < 0 || pos >= S) return;  // a bad position must not write outside the cache
   const int p = (int)pos, L = p + 1;
   const int chunk = ((L + splits - 1) / splits + TILE - 1) & ~(TILE - 1);
   const int used = (L + chunk - 1) / chunk;
   if (split >= used) {
+#ifndef NIB_ATTN_PUSH
     if constexpr (CLUSTER) {  // every block of a cluster takes part in both barriers
       cluster_sync();
       cluster_sync();
     }
+#endif
     return;
   }
   const int start = split * chunk;
@@ -429,6 +483,16 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
 
   // Merge the warps: thread per (head, 4 dims). Warps without tiles have m = -inf: weight 0.
   constexpr int D4 = D / 4;
+#ifdef NIB_ATTN_PUSH
+  constexpr int SLOT = HEADS * D + HEADS * 2;  // floats: o [8][D], then (max, sum) [8][2]
+  u32 slot = 0;
+  if constexpr (CLUSTER) {
+    if (used > 1) {
+      cluster_wait_acquire();  // phase 1: the first block is running, its slots exist
+      slot = cluster_map(smem_addr(cp_o + split * SLOT), 0);
+    }
+  }
+#endif
   for (int item = tid; item < G * D4; item += NW * 32) {
     const int h = item / D4, d4 = item % D4;
     float mb = neg_inf();
@@ -447,8 +511,13 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
     if (used == 1) {
       store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lb);
     } else if constexpr (CLUSTER) {
+#ifdef NIB_ATTN_PUSH
+      st_cluster_f4(slot + (h * D + 4 * d4) * 4, o);
+      if (d4 == 0) st_cluster_f2(slot + (HEADS * D + h * 2) * 4, make_float2(mb, lb));
+#else
       *reinterpret_cast<float4*>(cp_o + h * D + 4 * d4) = o;
       if (d4 == 0) *reinterpret_cast<float2*>(cp_ml + h * 2) = make_float2(mb, lb);
+#endif
     } else {
       const size_t row = ((size_t)kvh * splits + split) * G + h;
       *reinterpret_cast<float4*>(a.o_part + row * D + 4 * d4) = o;
@@ -457,6 +526,27 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   }
   NIB_TRACE_MARK(2);  // the warps merged: the block's partial written
   if constexpr (CLUSTER) {
+#ifdef NIB_ATTN_PUSH
+    if (used == 1) return;
+    cluster_arrive_release();  // phase 2: this block's partial is in the first block's slot
+    if (split != 0) return;
+    cluster_wait_acquire();
+    for (int item = tid; item < G * D4; item += NW * 32) {
+      const int h = item / D4, d4 = item % D4;
+      float2 ml[8];
+      float4 op[8];
+      gather8(used, ml, op, [&](int k, float2& m, float4& o) {
+        const float* const sk = cp_o + k * SLOT;
+        m = *reinterpret_cast<const float2*>(sk + HEADS * D + h * 2);
+        o = *reinterpret_cast<const float4*>(sk + h * D + 4 * d4);
+      });
+      float mt = neg_inf(), lt = 0.f;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      fold8(ml, op, mt, lt, o);
+      store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lt);
+    }
+    return;
+#endif
     // The cluster is this KV head's splits (block rank = split). After the first barrier
     // every used block's partial is in its shared memory; the first block merges them
     // through distributed shared memory (no global partials, fence or counter), and the

@@ -95,6 +95,13 @@ def shared_bytes(head_dim: int, warps: int) -> int:
     return -(-base // 16) * 16 + 8 * head_dim * 4 + 8 * 2 * 4
 
 
+def push_slot_bytes(head_dim: int) -> int:
+    """EXPERIMENT NIB_ATTN_PUSH (attention.cu): a cluster launch's first block holds one
+    merged partial per split, o [8][D] and (max, sum) [8][2] in fp32; shared_bytes()
+    already counts one of them."""
+    return 8 * head_dim * 4 + 8 * 2 * 4
+
+
 MAX_CLUSTER = 8  # the portable cluster size: the cluster merge takes at most 8 splits
 CLUSTER_CAPABILITY = (9, 0)
 
@@ -257,8 +264,13 @@ class FusedDecodeAttention:
         )  # fmt: skip
         grid = (self.shape.splits, self.num_kv_heads)
         cluster = (self.shape.splits, 1, 1) if self.shape.cluster else None
+        shared = self.shared
+        from nib.engine.cuda import loader
+
+        if cluster and "NIB_ATTN_PUSH" in loader.defines():  # the experiment's slots
+            shared += (self.shape.splits - 1) * push_slot_bytes(self.head_dim)
         self._module.get().kernel(self._kernel_name).launch(
-            grid, (self.shape.warps * 32,), args, self.shared, pdl=self._pdl, cluster=cluster
+            grid, (self.shape.warps * 32,), args, shared, pdl=self._pdl, cluster=cluster
         )
         return out
 

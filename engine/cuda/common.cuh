@@ -10,26 +10,11 @@ typedef unsigned long long u64;
 #define NIB_DEVICE __device__ __forceinline__
 
 // ---- loads -------------------------------------------------------------------
-#ifdef NIB_WEIGHTS_EVICT_FIRST
-// EXPERIMENT (bench/cuda_variants.py): weights stream through L2 marked evict-first, so
-// that what a step reads again (the KV cache, norm weights, activations) stays in L2
-// instead of being pushed out by the ~1-4 GB of weights each step reads once.
-NIB_DEVICE u64 evict_first_policy() {
-  u64 policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-#endif
 // Weights stream through once: read-only path, no L1 allocation.
 NIB_DEVICE uint4 ld_stream(const uint4* p) {
   uint4 v;
-#ifdef NIB_WEIGHTS_EVICT_FIRST
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(evict_first_policy()));
-#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
   return v;
 }
 // Small read-only operands (activations, scales, norm weights): cached.
@@ -249,19 +234,11 @@ NIB_DEVICE void mbar_wait(u64* bar, u32 parity) {
 // global -> shared, `bytes` (a multiple of 16, both addresses 16-byte aligned), completing
 // on `bar` (the shared::cluster address of this block's own shared memory).
 NIB_DEVICE void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
-#ifdef NIB_WEIGHTS_EVICT_FIRST
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(evict_first_policy())
-      : "memory");
-#else
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
-#endif
 }
 #endif
 

@@ -53,31 +53,16 @@ struct G16Args {
 
 enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1 };
 
-// EXPERIMENT NIB_NORM_EARLY (engine/cuda/loader.py): sm_90 only, where the kernel
-// starts before the previous one ends (on sm_80 there is no wait to start before).
-#if defined(NIB_NORM_EARLY) && __CUDA_ARCH__ >= 900
-#define G16_NORM_EARLY
-#endif
-
 // A streamed weight load that reads nothing (and yields zeros) where `ok` is false:
 // one predicated instruction, no branch around it.
 NIB_DEVICE uint4 ld_stream_if(const uint4* p, bool ok) {
   uint4 v;
-#ifdef NIB_WEIGHTS_EVICT_FIRST  // EXPERIMENT: see common.cuh
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @q ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n}"
-      : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
-      : "l"(p), "r"((int)ok), "l"(evict_first_policy()));
-#else
   asm volatile(
       "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
       " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
       " @q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
       : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
       : "l"(p), "r"((int)ok));
-#endif
   return v;
 }
 
@@ -171,14 +156,6 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   // dependent launch (sm_90) their trip to memory overlaps that kernel's tail and the
   // staging below; nothing the previous kernel writes is read before pdl_wait.
   pdl_launch_dependents();
-#ifdef G16_NORM_EARLY
-  // EXPERIMENT (bench/cuda_variants.py): no kernel of the step writes the norm weight,
-  // so its chunks start on their way to shared memory before the wait, not after it.
-  if (a.norm) {
-    const uint4* nw = reinterpret_cast<const uint4*>(a.nw) + (k0 >> 3);
-    for (int j = (int)threadIdx.x; j < chunks; j += THREADS) cp_async16(xs + j, nw + j);
-  }
-#endif
   uint4 buf[U][ROWS];
   if (total > 0) set_rows(0);
 #pragma unroll
@@ -193,15 +170,11 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
   // of one per loop step, and no registers while the weight loads are outstanding.
   const int c0 = k0 >> 3;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
-#ifndef G16_NORM_EARLY
   const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
-#endif
   for (int j = (int)threadIdx.x; j < half; j += THREADS) {
     if (j < chunks) {
       cp_async16(xs + half + j, x8 + c0 + j);
-#ifndef G16_NORM_EARLY
       if (a.norm) cp_async16(xs + j, n8 + c0 + j);
-#endif
     } else {
       xs[j] = xs[half + j] = make_float4(0.f, 0.f, 0.f, 0.f);
     }

@@ -47,10 +47,8 @@ def trace_flags() -> tuple[str, ...]:
 # Every experiment the sources hold, and what it changes (tests/unit/test_cuda_build.py
 # holds this list to the sources' #ifdefs and builds each one without spills).
 EXPERIMENTS = {
-    "NIB_NORM_EARLY": "w4a16/gemv16: the RMSNorm weight slice copied to shared memory "
-    "before the wait for the previous kernel, not after it",
-    "NIB_WEIGHTS_EVICT_FIRST": "w4a16/gemv16: weights stream through L2 marked "
-    "evict-first, so the KV cache, norm weights and activations stay in L2",
+    "NIB_ATTN_PUSH": "attention (cluster merge): every split pushes its partial into the "
+    "first block's shared memory and exits; one barrier wait, local reads",
 }
 _DEFINE = re.compile(r"NIB_[A-Z0-9_]+(=[A-Za-z0-9_.]+)?")
 _defines: tuple[str, ...] | None = None  # None: not yet read from NIB_CUDA_DEFINES

@@ -240,40 +240,12 @@ NIB_DEVICE float sum_squares(uint4 v, bool xbf) {
 // optional RMSNorm over the whole row. A row of up to THREADS * HELD vectors is read
 // once, into registers (one trip to L2 before the barrier); longer rows twice. Ends
 // with a barrier.
-constexpr int STAGE_HELD = 4;  // stage_x reads a row of up to THREADS * 4 vectors once
-
-#ifdef NIB_NORM_EARLY
-// EXPERIMENT (bench/cuda_variants.py): no kernel of the step writes the RMSNorm weight,
-// so before the wait each thread starts the 16-byte chunks of this block's slice that
-// stage_x will read on their way into the very slots of xs they go to (cp.async, no
-// registers); stage_x then waits for its own copies and reads them from shared memory.
-template <int THREADS>
-NIB_DEVICE void stage_norm_weight(const W4Args& a, const Block& b, u16* xs) {
-  if (!a.norm) return;
-  const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
-  const int s0 = b.gb0 * 16, s1 = b.gb1 * 16;
-  const u32 base = smem_addr(xs);
-  if ((a.k >> 3) <= THREADS * STAGE_HELD) {  // stage_x's one-read path: its thread mapping
-#pragma unroll
-    for (int j = 0; j < STAGE_HELD; ++j) {
-      const int i = threadIdx.x + j * THREADS;
-      if (i >= s0 && i < s1) cp_async16(base + (i - s0) * 16, n8 + i, true);
-    }
-  } else {
-    for (int i = s0 + threadIdx.x; i < s1; i += THREADS) cp_async16(base + (i - s0) * 16, n8 + i, true);
-  }
-  cp_async_commit();
-}
-#endif
-
 template <int THREADS>
 NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch) {
-  constexpr int HELD = STAGE_HELD;
+  constexpr int HELD = 4;
   const bool xbf = a.x_bf16 != 0;
   const uint4* x8 = reinterpret_cast<const uint4*>(a.x);
-#ifndef NIB_NORM_EARLY
   const uint4* n8 = reinterpret_cast<const uint4*>(a.nw);
-#endif
   const int s0 = b.gb0 * 16, s1 = b.gb1 * 16;  // this slice's vectors
   const int nvec = a.k >> 3;
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -284,20 +256,13 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
     return;
   }
   float ss = 0.f;
-#ifdef NIB_NORM_EARLY
-  // This thread's norm-weight chunks, copied into xs by stage_norm_weight (its own slots).
-  cp_async_wait<0>();
-#define NIB_NW(i) (reinterpret_cast<const uint4*>(xs)[(i) - s0])
-#else
-#define NIB_NW(i) ld_nc(n8 + (i))
-#endif
   if (nvec <= THREADS * HELD) {
     uint4 v[HELD], nv[HELD];
 #pragma unroll
     for (int j = 0; j < HELD; ++j) {
       const int i = threadIdx.x + j * THREADS;
       v[j] = i < nvec ? ld_nc(x8 + i) : zero;
-      nv[j] = i >= s0 && i < s1 ? NIB_NW(i) : zero;
+      nv[j] = i >= s0 && i < s1 ? ld_nc(n8 + i) : zero;
     }
 #pragma unroll
     for (int j = 0; j < HELD; ++j) ss += sum_squares(v[j], xbf);
@@ -314,9 +279,8 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
     ss = block_sum(ss, scratch);
     const float inv = 1.f / sqrtf(ss / (float)a.k + a.eps);
     for (int i = s0 + threadIdx.x; i < s1; i += THREADS)
-      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), NIB_NW(i), true, inv, xbf);
+      reinterpret_cast<uint4*>(xs)[i - s0] = to_fp16(ld_nc(x8 + i), ld_nc(n8 + i), true, inv, xbf);
   }
-#undef NIB_NW
   __syncthreads();
 }
 
@@ -532,9 +496,6 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     }
   };
   pdl_launch_dependents();
-#ifdef NIB_NORM_EARLY
-  if constexpr (SMEM_X) stage_norm_weight<WARPS * 32>(a, b, reinterpret_cast<u16*>(smem));
-#endif
   // Weights first (they do not depend on the previous kernel): their trip to memory
   // overlaps the previous kernel's tail and this kernel's activation prologue.
 #pragma unroll
@@ -611,9 +572,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
   pdl_launch_dependents();
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
-#ifdef NIB_NORM_EARLY
-  if constexpr (SMEM_X) stage_norm_weight<WARPS * 32>(a, b, xs);
-#endif
   LanePairs<MT, R, WARPS> ops;
   ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
   pdl_wait();

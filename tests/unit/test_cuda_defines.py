@@ -27,10 +27,10 @@ def test_no_defines_by_default() -> None:
 
 
 def test_defines_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NIB_CUDA_DEFINES", " NIB_NORM_EARLY, NIB_SPLITS=4 ,")
+    monkeypatch.setenv("NIB_CUDA_DEFINES", " NIB_ATTN_PUSH, NIB_SPLITS=4 ,")
     monkeypatch.setenv("NIB_CUDA_TRACE", "1")
-    assert loader.defines() == ("NIB_NORM_EARLY", "NIB_SPLITS=4")
-    assert loader.build_flags() == ("-DNIB_TRACE", "-DNIB_NORM_EARLY", "-DNIB_SPLITS=4")
+    assert loader.defines() == ("NIB_ATTN_PUSH", "NIB_SPLITS=4")
+    assert loader.build_flags() == ("-DNIB_TRACE", "-DNIB_ATTN_PUSH", "-DNIB_SPLITS=4")
 
 
 @pytest.mark.parametrize(
@@ -63,8 +63,8 @@ def test_set_defines_moves_bound_modules_at_their_next_use(
     bound = loader.Bound("w4a16.cu", torch.device("cpu"))
     assert bound.get() == ("w4a16.cu", ())
     assert bound.get() is bound.get() and len(built) == 1  # looked up once
-    loader.set_defines(["NIB_WEIGHTS_EVICT_FIRST"])
-    assert bound.get() == ("w4a16.cu", ("-DNIB_WEIGHTS_EVICT_FIRST",))
+    loader.set_defines(["NIB_ATTN_PUSH"])
+    assert bound.get() == ("w4a16.cu", ("-DNIB_ATTN_PUSH",))
     assert len(built) == 2
     loader.set_defines([])
     assert bound.get() == ("w4a16.cu", ()) and len(built) == 3
