@@ -30,10 +30,13 @@
 // The warps' partials merge in shared memory; split blocks then write fp32 partials
 // (o, max, sum per head) and the last block of the KV head to arrive (an atomic counter
 // it resets) merges them: one launch, graph-safe, the same pattern as w4a16.cu. One
-// used block (L <= 16) writes the output directly. Thread-block clusters would merge
-// through distributed shared memory instead of L2, but cap the splits at 8 per KV head
-// and need sm_90; with the splits chosen so the merge reads <= 24 KB it costs ~3 L2
-// round trips, and one code path serves sm_80 and sm_90.
+// used block (L <= 16) writes the output directly. On sm_90, where a KV head's splits
+// (at most 8) fit in a thread-block cluster, the `_cluster` kernels merge without global
+// memory instead: every split block stores its partial into its slot of the first
+// block's shared memory, arrives at the cluster barrier (release) and exits; the first
+// block waits once and merges from its own shared memory. On the H200 that is 0.62 us
+// for the merge against 1.60 for the first block reading the others' shared memory
+// between two full barriers (bench/README.md, "Kernel experiments").
 //
 // Napkin math: bytes = 2 L KVH D 2 (K + V). Llama-2-7B at L = 640: 10.5 MB, 2.5 us at
 // 4.28 TB/s; 4 splits x 32 KV heads = 128 blocks of 8 warps, each 160 positions (80 KB
@@ -43,17 +46,10 @@
 // instructions, against the ~500 cycles an SM's share of bandwidth takes for its 8 KB.
 #include "common.cuh"
 
-#ifdef NIB_ATTN_PUSH
-// EXPERIMENT (engine/cuda/loader.py, bench/cuda_variants.py): the cluster merge pushes.
-// Every used block stores its merged partial into slot `split` of the first block's
-// shared memory (attention.py gives a cluster launch `splits` slots) and arrives at the
-// cluster barrier with release semantics, then exits; only the first block waits, and it
-// merges from its own shared memory. Against the plain merge (two full barriers, the
-// first block reading every partial remotely, the others waiting for it to finish), one
-// barrier wait leaves the critical path and the remote reads become local ones. A block
-// arrives (relaxed) at a first barrier phase when it starts and waits for it before its
-// first remote store, so the first block is known to be running; blocks without
-// positions exit at once (a cluster barrier waits only for non-exited threads).
+// The cluster merge's barrier halves (sm_90): a block arrives (relaxed) when it starts,
+// waits for that phase before its first store into another block's shared memory, and
+// arrives with release semantics once its partial is there; a cluster barrier waits only
+// for threads that have not exited, so blocks that are done simply leave.
 NIB_DEVICE void cluster_arrive_relaxed() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -90,7 +86,6 @@ NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
   __trap();
 #endif
 }
-#endif
 
 struct RopeAttnArgs {
   const u16* qkv;        // [(H + 2 KVH) D] this token's projection (activation dtype)
@@ -279,7 +274,8 @@ NIB_DEVICE void store_out4(u16* out, int qh, int d, int d4, float4 o, float l) {
 
 // Dynamic shared memory, in order: NW warps x STAGES x (K tile, V tile); the rotated
 // queries [8][D] (swizzled); the new k and v rows [2][D]; per-warp max and sum [2][NW][8];
-// the last-block flag. attention.py's shared_bytes() mirrors this.
+// the last-block flag; (16-byte aligned) the cluster merge's slots, one a split (one in
+// the global-merge kernels, unused). attention.py's shared_bytes() mirrors this.
 template <int D, bool BF16, int NW, bool CLUSTER>
 NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   constexpr int TILE = 16;
@@ -296,11 +292,11 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   float* const wm = reinterpret_cast<float*>(fresh + 2 * ROW_BYTES);
   float* const wl = wm + NW * HEADS;
   int* const flag = reinterpret_cast<int*>(wl + NW * HEADS);
-  // CLUSTER: this block's merged partial, o [8][D] then (max, sum) [8][2], read by the
-  // cluster's first block through distributed shared memory.
+  // CLUSTER: the first block's slots, one a split: its merged partial, o [8][D] then
+  // (max, sum) [8][2], stored there by the split's block through distributed shared memory.
+  constexpr int SLOT = HEADS * D + HEADS * 2;  // floats
   float* const cp_o = reinterpret_cast<float*>(smem + ((NW * WARP_BYTES + (HEADS + 2) * ROW_BYTES +
                                                        2 * NW * HEADS * 4 + 16 + 15) & ~15));
-  float* const cp_ml = cp_o + HEADS * D;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y;
@@ -311,23 +307,13 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   // below it (written by earlier steps).
   NIB_TRACE_BLOCK(NIB_KIND_ATTENTION);
   pdl_launch_dependents();
-#ifdef NIB_ATTN_PUSH
   if constexpr (CLUSTER) cluster_arrive_relaxed();  // phase 1: this block is running
-#endif
   const long long pos = *a.pos;
   if (pos < 0 || pos >= S) return;  // a bad position must not write outside the cache
   const int p = (int)pos, L = p + 1;
   const int chunk = ((L + splits - 1) / splits + TILE - 1) & ~(TILE - 1);
   const int used = (L + chunk - 1) / chunk;
-  if (split >= used) {
-#ifndef NIB_ATTN_PUSH
-    if constexpr (CLUSTER) {  // every block of a cluster takes part in both barriers
-      cluster_sync();
-      cluster_sync();
-    }
-#endif
-    return;
-  }
+  if (split >= used) return;  // a cluster's barrier does not wait for exited threads
   const int start = split * chunk;
   const int end = min(start + chunk, L);
   const int ntiles = (end - start + TILE - 1) / TILE;
@@ -483,16 +469,13 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
 
   // Merge the warps: thread per (head, 4 dims). Warps without tiles have m = -inf: weight 0.
   constexpr int D4 = D / 4;
-#ifdef NIB_ATTN_PUSH
-  constexpr int SLOT = HEADS * D + HEADS * 2;  // floats: o [8][D], then (max, sum) [8][2]
-  u32 slot = 0;
+  u32 slot = 0;  // CLUSTER: this block's slot in the first block's shared memory
   if constexpr (CLUSTER) {
     if (used > 1) {
       cluster_wait_acquire();  // phase 1: the first block is running, its slots exist
       slot = cluster_map(smem_addr(cp_o + split * SLOT), 0);
     }
   }
-#endif
   for (int item = tid; item < G * D4; item += NW * 32) {
     const int h = item / D4, d4 = item % D4;
     float mb = neg_inf();
@@ -511,13 +494,8 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
     if (used == 1) {
       store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lb);
     } else if constexpr (CLUSTER) {
-#ifdef NIB_ATTN_PUSH
       st_cluster_f4(slot + (h * D + 4 * d4) * 4, o);
       if (d4 == 0) st_cluster_f2(slot + (HEADS * D + h * 2) * 4, make_float2(mb, lb));
-#else
-      *reinterpret_cast<float4*>(cp_o + h * D + 4 * d4) = o;
-      if (d4 == 0) *reinterpret_cast<float2*>(cp_ml + h * 2) = make_float2(mb, lb);
-#endif
     } else {
       const size_t row = ((size_t)kvh * splits + split) * G + h;
       *reinterpret_cast<float4*>(a.o_part + row * D + 4 * d4) = o;
@@ -526,7 +504,10 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   }
   NIB_TRACE_MARK(2);  // the warps merged: the block's partial written
   if constexpr (CLUSTER) {
-#ifdef NIB_ATTN_PUSH
+    // The cluster is this KV head's splits (block rank = split). Every used block has
+    // stored its partial into its slot of the first block's shared memory; it arrives
+    // (release) and leaves, and the first block alone waits, then merges its slots in
+    // split order (the global path's order) from its own shared memory.
     if (used == 1) return;
     cluster_arrive_release();  // phase 2: this block's partial is in the first block's slot
     if (split != 0) return;
@@ -545,30 +526,6 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
       fold8(ml, op, mt, lt, o);
       store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lt);
     }
-    return;
-#endif
-    // The cluster is this KV head's splits (block rank = split). After the first barrier
-    // every used block's partial is in its shared memory; the first block merges them
-    // through distributed shared memory (no global partials, fence or counter), and the
-    // second barrier keeps the others' shared memory alive until it has read them.
-    cluster_sync();
-    if (split == 0 && used > 1) {
-      const u32 o_base = smem_addr(cp_o), ml_base = smem_addr(cp_ml);
-      for (int item = tid; item < G * D4; item += NW * 32) {
-        const int h = item / D4, d4 = item % D4;
-        float2 ml[8];
-        float4 op[8];
-        gather8(used, ml, op, [&](int k, float2& m, float4& o) {
-          m = ld_cluster_f2(cluster_map(ml_base + h * 8, k));
-          o = ld_cluster_f4(cluster_map(o_base + (h * D + 4 * d4) * 4, k));
-        });
-        float mt = neg_inf(), lt = 0.f;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        fold8(ml, op, mt, lt, o);
-        store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lt);
-      }
-    }
-    cluster_sync();
     return;
   }
   if (used == 1) return;

@@ -84,22 +84,16 @@ class LaunchShape:
         return f"s{self.splits}w{self.warps}{'c' if self.cluster else ''}"
 
 
-def shared_bytes(head_dim: int, warps: int) -> int:
+def shared_bytes(head_dim: int, warps: int, slots: int = 1) -> int:
     """attention.cu's dynamic shared memory: warps x stages x (K, V) tiles of 16 rows, the
     rotated queries [8][D], the new k and v rows, per-warp max and sum, a flag; then
-    (16-byte aligned) the block's merged partial for a cluster's merge, o [8][D] and
-    (max, sum) [8][2] in fp32."""
+    (16-byte aligned) `slots` merged partials, o [8][D] and (max, sum) [8][2] in fp32: a
+    cluster launch's first block holds one a split, the global merge none (one is
+    reserved all the same)."""
     row = head_dim * 2
     stages = 256 // head_dim
     base = warps * stages * 2 * TILE * row + 8 * row + 2 * row + 2 * warps * 8 * 4 + 16
-    return -(-base // 16) * 16 + 8 * head_dim * 4 + 8 * 2 * 4
-
-
-def push_slot_bytes(head_dim: int) -> int:
-    """EXPERIMENT NIB_ATTN_PUSH (attention.cu): a cluster launch's first block holds one
-    merged partial per split, o [8][D] and (max, sum) [8][2] in fp32; shared_bytes()
-    already counts one of them."""
-    return 8 * head_dim * 4 + 8 * 2 * 4
+    return -(-base // 16) * 16 + slots * (8 * head_dim * 4 + 8 * 2 * 4)
 
 
 MAX_CLUSTER = 8  # the portable cluster size: the cluster merge takes at most 8 splits
@@ -170,7 +164,6 @@ class FusedDecodeAttention:
         from nib.engine.cuda.loader import Bound, module, pdl
 
         base = f"rope_attend_d{head_dim}_{DTYPES[dtype]}_w{warps}"
-        self.shared = shared_bytes(head_dim, warps)
         if cluster is None:
             # Measured on the H200 (bench/results/2026-12-01-micro-attention.json): the
             # cluster merge saves ~0.6 us a layer where the clusters all run at once
@@ -181,7 +174,7 @@ class FusedDecodeAttention:
                 splits,
                 num_kv_heads,
                 warps,
-                self.shared,
+                shared_bytes(head_dim, warps, splits),
             )
         if cluster and torch.cuda.get_device_capability(device) < CLUSTER_CAPABILITY:
             raise ValueError("fused decode attention: a cluster merge needs sm_90 or newer")
@@ -191,6 +184,7 @@ class FusedDecodeAttention:
                 f"not {splits}"
             )
         self.shape = LaunchShape(splits, warps, cluster)
+        self.shared = shared_bytes(head_dim, warps, splits if cluster else 1)
         rows = num_kv_heads * splits * self.group
         self.o_part = torch.empty((rows, head_dim), dtype=torch.float32, device=device)
         self.ml_part = torch.empty((rows, 2), dtype=torch.float32, device=device)
@@ -264,13 +258,8 @@ class FusedDecodeAttention:
         )  # fmt: skip
         grid = (self.shape.splits, self.num_kv_heads)
         cluster = (self.shape.splits, 1, 1) if self.shape.cluster else None
-        shared = self.shared
-        from nib.engine.cuda import loader
-
-        if cluster and "NIB_ATTN_PUSH" in loader.defines():  # the experiment's slots
-            shared += (self.shape.splits - 1) * push_slot_bytes(self.head_dim)
         self._module.get().kernel(self._kernel_name).launch(
-            grid, (self.shape.warps * 32,), args, shared, pdl=self._pdl, cluster=cluster
+            grid, (self.shape.warps * 32,), args, self.shared, pdl=self._pdl, cluster=cluster
         )
         return out
 

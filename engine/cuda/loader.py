@@ -46,10 +46,7 @@ def trace_flags() -> tuple[str, ...]:
 # variant against the plain build on the same weights. A benchmarking aid, not a setting.
 # Every experiment the sources hold, and what it changes (tests/unit/test_cuda_build.py
 # holds this list to the sources' #ifdefs and builds each one without spills).
-EXPERIMENTS = {
-    "NIB_ATTN_PUSH": "attention (cluster merge): every split pushes its partial into the "
-    "first block's shared memory and exits; one barrier wait, local reads",
-}
+EXPERIMENTS: dict[str, str] = {}  # none open; those tried: bench/README.md, "Kernel experiments"
 _DEFINE = re.compile(r"NIB_[A-Z0-9_]+(=[A-Za-z0-9_.]+)?")
 _defines: tuple[str, ...] | None = None  # None: not yet read from NIB_CUDA_DEFINES
 generation = 0  # bumped by set_defines: Bound modules look themselves up again

@@ -39,6 +39,11 @@ def test_shared_memory_fits_every_gpu_from_sm_80() -> None:
     for d in fused.HEAD_DIMS:
         for w in fused.WARPS:
             assert fused.shared_bytes(d, w) <= 163 * 1024  # an A100's per-block maximum
+            # A cluster launch's first block holds a slot per split (sm_90: 227 KB a block).
+            slot = 8 * d * 4 + 8 * 2 * 4
+            most = fused.shared_bytes(d, w, fused.MAX_CLUSTER)
+            assert most == fused.shared_bytes(d, w) + (fused.MAX_CLUSTER - 1) * slot
+            assert most <= 227 * 1024
 
 
 @pytest.mark.parametrize(
