@@ -56,7 +56,9 @@ def _experiment_builds() -> list[object]:
     if any(n in (build.HERE / "common.cuh").read_text() for n in names):
         sources = list(loader.SOURCES)
     else:
-        sources = [s for s in loader.SOURCES if any(n in (build.HERE / s).read_text() for n in names)]
+        sources = [
+            s for s in loader.SOURCES if any(n in (build.HERE / s).read_text() for n in names)
+        ]
     defines = names + (["all"] if len(names) > 1 else [])
     return [(source, define) for source in sources for define in defines]
 
