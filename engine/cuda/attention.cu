@@ -46,47 +46,6 @@
 // instructions, against the ~500 cycles an SM's share of bandwidth takes for its 8 KB.
 #include "common.cuh"
 
-// The cluster merge's barrier halves (sm_90): a block arrives (relaxed) when it starts,
-// waits for that phase before its first store into another block's shared memory, and
-// arrives with release semantics once its partial is there; a cluster barrier waits only
-// for threads that have not exited, so blocks that are done simply leave.
-NIB_DEVICE void cluster_arrive_relaxed() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-NIB_DEVICE void cluster_arrive_release() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-NIB_DEVICE void cluster_wait_acquire() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-NIB_DEVICE void st_cluster_f4(u32 addr, float4 v) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};"
-               :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-#else
-  __trap();
-#endif
-}
-NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1,%2};" :: "r"(addr), "f"(v.x), "f"(v.y) : "memory");
-#else
-  __trap();
-#endif
-}
-
 struct RopeAttnArgs {
   const u16* qkv;        // [(H + 2 KVH) D] this token's projection (activation dtype)
   const long long* pos;  // [1] the token's position (int64, device)

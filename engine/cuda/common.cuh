@@ -346,6 +346,53 @@ NIB_DEVICE void cluster_sync() {
 #endif
 }
 // The shared::cluster address of `addr` (this block's shared window) in block `rank`.
+// A cluster barrier's halves (sm_90), for merges that push: a block arrives (relaxed)
+// when it starts, waits for that phase before its first store into another block's
+// shared memory, and arrives with release semantics once its partial is there; a cluster
+// barrier waits only for threads that have not exited, so blocks that are done leave.
+NIB_DEVICE void cluster_arrive_relaxed() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void cluster_arrive_release() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void cluster_wait_acquire() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void st_cluster_f4(u32 addr, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1,%2};" :: "r"(addr), "f"(v.x), "f"(v.y) : "memory");
+#else
+  __trap();
+#endif
+}
+NIB_DEVICE void st_cluster_f32(u32 addr, float v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(v) : "memory");
+#else
+  __trap();
+#endif
+}
 NIB_DEVICE u32 cluster_map(u32 addr, int rank) {
   u32 r = 0;
 #if __CUDA_ARCH__ >= 900

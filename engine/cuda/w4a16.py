@@ -343,6 +343,11 @@ class CudaInt4:
         if bias is not None and bias.dtype != y.dtype:
             bias = bias.to(y.dtype)  # a call in another dtype than the model's (tests)
         shared = shared_bytes(cfg, mt, staged, per_split)
+        if cfg.cluster and cfg.splits > 2:
+            from nib.engine.cuda import loader
+
+            if "NIB_W4_PUSH" in loader.defines():  # EXPERIMENT: block 0 holds splits - 1 slots
+                shared += (cfg.splits - 2) * cfg.r * mt * 2 * 64 * 4
         args = W4Args(
             self.qw.data_ptr(), self.sc.data_ptr(), x.data_ptr(),
             0 if norm_weight is None else norm_weight.data_ptr(),
