@@ -24,7 +24,9 @@ per shape, format and variant with its defines, output check, per-round µs and 
 median, and `delta_us` against plain; negative is faster). Exits 1 if a variant's
 logits differ where --exact (the default) asks for identical ones.
 
-    --variants plain,NIB_ATTN_PUSH
+    --variants plain,NIB_W4_PUSH
+    --force 'int4 1536x8960 +residual=int4 mma16 r1w8p4s2c' (a config for a layer shape,
+        applied after the tuning, as in bench/step_timeline.py; rows record it as `forced`)
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ def greedy_logits(runner: object, position: int, token: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict[str, object]]:
+def measure(
+    shape: str, fmt: str, variants: list[str], rounds: int, forced: list[str] | None = None
+) -> list[dict[str, object]]:
     import decode  # bench/decode.py: the same model builder and kernels
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
@@ -108,6 +112,7 @@ def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict
     defines = {v: parse_variant(v) for v in variants}
     switch((), device)
     runner, tuned = decode.tuned_runner(shape, fmt == "int4", 1024)
+    applied = decode.force_configs(runner.model, forced or [])  # type: ignore[attr-defined]
     position = max(1, min(512, runner.max_context // 2))
     token = 17
     reference = greedy_logits(runner, position, token)
@@ -141,6 +146,7 @@ def measure(shape: str, fmt: str, variants: list[str], rounds: int) -> list[dict
                 "step_us_median": median,
                 "delta_us": None if plain is None else median - plain,
                 "step_tuning": tuned,
+                "forced": applied,
             }
         )
     del runner
@@ -160,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="alternations of the variants")
     ap.add_argument("--no-exact", dest="exact", action="store_false",
                     help="do not fail when a variant's logits differ from plain's")  # fmt: skip
+    ap.add_argument("--force", action="append", default=[], metavar="KNOB=LABEL",
+                    help="after the step tuning, run this config for a layer shape "
+                    "(repeatable; bench/step_timeline.py's --force): an experiment in a "
+                    "config the tuning did not pick")  # fmt: skip
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         for fmt in args.formats.split(","):
             print(f"== {shape} {fmt}", flush=True)
-            got = measure(shape, fmt, variants, args.rounds)
+            got = measure(shape, fmt, variants, args.rounds, args.force)
             rows += got
             for r in got:
                 delta = r["delta_us"]

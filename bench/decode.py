@@ -129,6 +129,30 @@ def tuned_runner(shape: str, int4: bool, max_context: int) -> tuple[object, dict
     return runner, tune_step(runner)
 
 
+def force_configs(model: torch.nn.Module, forced: list[str]) -> dict[str, str]:
+    """Apply `KNOB=LABEL` choices after the step tuning (engine/step_tuning.py's knob
+    names, e.g. "int4 4096x4096 +residual=int4 mma16 r1w8p2"): what a kernel's launch
+    shape does to its neighbours in the step, measured rather than guessed."""
+    from nib.engine.cuda.w4a16 import ONE_ROW
+    from nib.engine.step_tuning import _config_knobs
+
+    knobs = {k.name: k for k in _config_knobs(model)}
+    applied = {}
+    for item in forced:
+        name, _, label = item.partition("=")
+        knob = knobs.get(name)
+        if knob is None:
+            raise SystemExit(f"--force {item!r}: no knob {name!r}; knobs: {sorted(knobs)}")
+        pool = [*knob.options, *(ONE_ROW if name.startswith("int4") else ())]
+        match = [o for o in pool if knob.label(o) == label]
+        if not match:
+            labels = sorted({knob.label(o) for o in pool})
+            raise SystemExit(f"--force {item!r}: no config {label!r}; configs: {labels}")
+        knob.apply(match[0])
+        applied[name] = label
+    return applied
+
+
 def run_torch_int4(hf: torch.nn.Module, prompt: list[int], new: int, reps: int) -> dict[str, float]:
     from torch_int4 import compiled_decode_step, prefill, swap_torch_int4
 

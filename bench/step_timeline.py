@@ -322,30 +322,6 @@ class Tracer:
         self.driver.check(rc, "cuMemcpyDtoH(nib_trace)")
 
 
-def force_configs(model: torch.nn.Module, forced: list[str]) -> dict[str, str]:
-    """Apply `KNOB=LABEL` choices after the step tuning (engine/step_tuning.py's knob
-    names, e.g. "int4 4096x4096 +residual=int4 mma16 r1w8p2"): what a kernel's launch
-    shape does to its neighbours in the step, measured rather than guessed."""
-    from nib.engine.cuda.w4a16 import ONE_ROW
-    from nib.engine.step_tuning import _config_knobs
-
-    knobs = {k.name: k for k in _config_knobs(model)}
-    applied = {}
-    for item in forced:
-        name, _, label = item.partition("=")
-        knob = knobs.get(name)
-        if knob is None:
-            raise SystemExit(f"--force {item!r}: no knob {name!r}; knobs: {sorted(knobs)}")
-        pool = [*knob.options, *(ONE_ROW if name.startswith("int4") else ())]
-        match = [o for o in pool if knob.label(o) == label]
-        if not match:
-            labels = sorted({knob.label(o) for o in pool})
-            raise SystemExit(f"--force {item!r}: no config {label!r}; configs: {labels}")
-        knob.apply(match[0])
-        applied[name] = label
-    return applied
-
-
 def trace_row(
     shape: str, fmt: str, position: int, replays: int, forced: list[str] | None = None
 ) -> dict[str, object]:
@@ -355,7 +331,7 @@ def trace_row(
     runner, tuned = decode.tuned_runner(shape, fmt == "int4", position + 64)
     model = runner.model
     layers = model.cfg.num_layers
-    applied = force_configs(model, forced or [])
+    applied = decode.force_configs(model, forced or [])
     runner.capture()
     name = runner._decode_name(0, True)
     graph = runner.graphs[name]
