@@ -32,7 +32,7 @@ class DeviceSampler:
     def set_request(self, params: GenerationParams, seed: int) -> None:
         """Load one request's parameters (outside any graph)."""
         s = self._staging
-        s[0], s[1], s[2], s[3] = max(params.temperature, 1e-6), params.top_k, params.top_p, seed
+        s[0], s[1], s[2], s[3] = params.sampling_temperature, params.top_k, params.top_p, seed
         dev = s.to(self.device, non_blocking=True)
         self.temperature.copy_(dev[0:1])
         self.top_k.copy_(dev[1:2])

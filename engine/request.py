@@ -18,6 +18,14 @@ class FinishReason(enum.Enum):
     ERROR = "error"
 
 
+# The smallest temperature the samplers divide by. A request may ask for any temperature
+# above 0 (the service takes 0..MAX_TEMPERATURE); below this one the scaled logits of a
+# real model overflow fp32 (logit / 1e-38 is inf, and the softmax of infinities is NaN),
+# while at it sampling is already indistinguishable from greedy unless two logits tie
+# within ~1e-5.
+MIN_SAMPLING_TEMPERATURE = 1e-6
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = 64
@@ -31,6 +39,11 @@ class GenerationParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def sampling_temperature(self) -> float:
+        """What a sampler divides the logits by (never below MIN_SAMPLING_TEMPERATURE)."""
+        return max(self.temperature, MIN_SAMPLING_TEMPERATURE)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,6 @@ class Sampler:
         p = self.params
         if p.greedy:
             return logits.argmax(dim=-1, keepdim=True)
-        filtered = filter_logits(logits / p.temperature, p.top_k, p.top_p)
+        filtered = filter_logits(logits / p.sampling_temperature, p.top_k, p.top_p)
         probs = filtered.softmax(dim=-1)
         return torch.multinomial(probs, 1, generator=self.generator)

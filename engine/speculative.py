@@ -94,9 +94,9 @@ def accept_sampled(
     logits: torch.Tensor, draft: list[int], params: GenerationParams, generator: torch.Generator
 ) -> list[int]:
     """logits [k+1, V] of the verify pass -> tokens under the speculative-sampling rule."""
-    probs = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p).softmax(
-        -1
-    )
+    probs = filter_logits(
+        logits.float() / params.sampling_temperature, params.top_k, params.top_p
+    ).softmax(-1)
     out: list[int] = []
     for i, d in enumerate(draft):
         p = probs[i]

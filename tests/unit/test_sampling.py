@@ -48,3 +48,21 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
     # Dropping the least likely kept token would fall below p.
     assert mass - probs[kept].min() < 0.5
     assert probs[kept].min() >= probs[~kept].max()
+
+
+def test_the_smallest_temperatures_sample_the_argmax_instead_of_failing() -> None:
+    """A temperature just above 0 is valid input (the service takes 0..MAX_TEMPERATURE);
+    dividing a real logit by 1e-38 gives inf and the softmax NaN, which multinomial
+    refuses. The samplers floor the divisor instead (found by tests/integration/
+    test_properties.py with temperature = the smallest normal float32)."""
+    from nib.engine.speculative import accept_sampled
+
+    logits = _logits(3)
+    for t in (1.17549435e-38, 1e-30, 1e-7):
+        params = GenerationParams(temperature=t, seed=5)
+        assert params.sampling_temperature >= 1e-6
+        assert int(Sampler(params, CPU)(logits)) == int(logits.argmax())
+        rows = torch.stack([logits, _logits(4)])
+        got = accept_sampled(rows, [int(logits.argmax())], params, torch.Generator().manual_seed(0))
+        assert got == [int(logits.argmax()), int(_logits(4).argmax())]
+    assert GenerationParams(temperature=0.7).sampling_temperature == 0.7
