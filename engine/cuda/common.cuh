@@ -345,7 +345,6 @@ NIB_DEVICE void cluster_sync() {
   __trap();
 #endif
 }
-// The shared::cluster address of `addr` (this block's shared window) in block `rank`.
 // A cluster barrier's halves (sm_90), for merges that push: a block arrives (relaxed)
 // when it starts, waits for that phase before its first store into another block's
 // shared memory, and arrives with release semantics once its partial is there; a cluster
@@ -393,6 +392,7 @@ NIB_DEVICE void st_cluster_f32(u32 addr, float v) {
   __trap();
 #endif
 }
+// The shared::cluster address of `addr` (this block's shared window) in block `rank`.
 NIB_DEVICE u32 cluster_map(u32 addr, int rank) {
   u32 r = 0;
 #if __CUDA_ARCH__ >= 900
@@ -402,25 +402,10 @@ NIB_DEVICE u32 cluster_map(u32 addr, int rank) {
 #endif
   return r;
 }
-NIB_DEVICE float4 ld_cluster_f4(u32 addr) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-#endif
-  return v;
-}
 NIB_DEVICE float ld_cluster_f32(u32 addr) {
   float v = 0.f;
 #if __CUDA_ARCH__ >= 900
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-#endif
-  return v;
-}
-NIB_DEVICE float2 ld_cluster_f2(u32 addr) {
-  float2 v = make_float2(0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
 #endif
   return v;
 }

@@ -195,7 +195,11 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
     if cfg.cluster:  # this split's partials, read by the cluster's first block
-        total += cfg.r * mt * 2 * 64 * 4  # [pair][2][32] floats
+        from nib.engine.cuda import loader
+
+        # EXPERIMENT NIB_W4_PUSH: the first block holds the other splits' partials instead
+        slots = max(1, cfg.splits - 1) if "NIB_W4_PUSH" in loader.defines() else 1
+        total += slots * cfg.r * mt * 2 * 64 * 4  # [pair][2][32] floats each
     if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
         total += cfg.pf * cfg.r * cfg.warps * (1024 + 32) + 16 * cfg.pf
     return total
@@ -343,11 +347,6 @@ class CudaInt4:
         if bias is not None and bias.dtype != y.dtype:
             bias = bias.to(y.dtype)  # a call in another dtype than the model's (tests)
         shared = shared_bytes(cfg, mt, staged, per_split)
-        if cfg.cluster and cfg.splits > 2:
-            from nib.engine.cuda import loader
-
-            if "NIB_W4_PUSH" in loader.defines():  # EXPERIMENT: block 0 holds splits - 1 slots
-                shared += (cfg.splits - 2) * cfg.r * mt * 2 * 64 * 4
         args = W4Args(
             self.qw.data_ptr(), self.sc.data_ptr(), x.data_ptr(),
             0 if norm_weight is None else norm_weight.data_ptr(),
