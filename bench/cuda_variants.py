@@ -24,7 +24,7 @@ per shape, format and variant with its defines, output check, per-round µs and 
 median, and `delta_us` against plain; negative is faster). Exits 1 if a variant's
 logits differ where --exact (the default) asks for identical ones.
 
-    --variants plain,NIB_W4_PUSH
+    --variants plain,NIB_SOME_EXPERIMENT (names from engine/cuda/loader.EXPERIMENTS)
     --force 'int4 1536x8960 +residual=int4 mma16 r1w8p4s2c' (a config for a layer shape,
         applied after the tuning, as in bench/step_timeline.py; rows record it as `forced`)
 """

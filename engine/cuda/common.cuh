@@ -385,13 +385,6 @@ NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
   __trap();
 #endif
 }
-NIB_DEVICE void st_cluster_f32(u32 addr, float v) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(v) : "memory");
-#else
-  __trap();
-#endif
-}
 // The shared::cluster address of `addr` (this block's shared window) in block `rank`.
 NIB_DEVICE u32 cluster_map(u32 addr, int rank) {
   u32 r = 0;

@@ -47,10 +47,7 @@ def trace_flags() -> tuple[str, ...]:
 # Every experiment the sources hold, and what it changes (tests/unit/test_cuda_build.py
 # holds this list to the sources' #ifdefs and builds each one without spills).
 # Those tried and closed: bench/README.md, "Kernel experiments against the plain build".
-EXPERIMENTS: dict[str, str] = {
-    "NIB_W4_PUSH": "w4a16 (split-K merged in a cluster): every split but the first pushes "
-    "its sums into the first block's shared memory and exits; one barrier wait, local reads",
-}
+EXPERIMENTS: dict[str, str] = {}
 _DEFINE = re.compile(r"NIB_[A-Z0-9_]+(=[A-Za-z0-9_.]+)?")
 _defines: tuple[str, ...] | None = None  # None: not yet read from NIB_CUDA_DEFINES
 generation = 0  # bumped by set_defines: Bound modules look themselves up again

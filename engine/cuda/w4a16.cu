@@ -395,39 +395,6 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     }
   }
   if (CL && a.splits > 1) {
-#ifdef NIB_W4_PUSH
-    // EXPERIMENT (engine/cuda/loader.py): the split merge pushes, as the attention's
-    // cluster merge does. Split s > 0 stores its sums into slot s - 1 of block 0's shared
-    // memory (w4a16.py gives block 0 splits - 1 slots), arrives (release) and exits;
-    // block 0 alone waits, and adds the slots in split order from its own shared memory.
-    float* slots = scratch + 64;  // [split - 1][pair][2][32]
-    cluster_wait_acquire();       // phase 1 (arrived at the start): block 0 is running
-    if (b.split != 0) {
-      const u32 dst = cluster_map(smem_u32(slots + (b.split - 1) * PAIRS * 64), 0);
-#pragma unroll
-      for (int q = 0; q < MINE; ++q) {
-        const int pair = warp + q * WARPS;
-        if (pair < PAIRS) {
-          st_cluster_f32(dst + (pair * 64 + lane) * 4, fin[q][0]);
-          st_cluster_f32(dst + (pair * 64 + 32 + lane) * 4, fin[q][1]);
-        }
-      }
-      cluster_arrive_release();
-      return;
-    }
-    cluster_arrive_release();
-    cluster_wait_acquire();  // phase 2: every split's sums are in block 0's slots
-    for (int s = 1; s < a.splits; ++s) {
-#pragma unroll
-      for (int q = 0; q < MINE; ++q) {
-        const int pair = warp + q * WARPS;
-        if (pair < PAIRS) {
-          fin[q][0] += slots[((s - 1) * PAIRS + pair) * 64 + lane];
-          fin[q][1] += slots[((s - 1) * PAIRS + pair) * 64 + 32 + lane];
-        }
-      }
-    }
-#else
     // The cluster is this tile group's splits (rank = split): partials stay in each
     // block's shared memory, [pair][2][32] after the scratch words, and block 0 sums
     // them in split order (the global path's order) between two cluster barriers.
@@ -456,7 +423,6 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     }
     cluster_sync();  // the other blocks' shared memory lives until block 0 has read it
     if (b.split != 0) return;
-#endif
   } else if (a.splits > 1) {
     // Partials of this split: [tile group][split][pair][2][32].
     float* mine = a.ws + ((size_t)blockIdx.x * a.splits + b.split) * PAIRS * 64;
@@ -507,11 +473,6 @@ extern __shared__ __align__(128) unsigned char smem[];
 template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false>
 NIB_DEVICE void w4a16_body(const W4Args& a) {
   NIB_TRACE_BLOCK(NIB_KIND_W4A16);
-#ifdef NIB_W4_PUSH
-  if constexpr (CL) {
-    if (a.splits > 1) cluster_arrive_relaxed();  // phase 1: this block is running
-  }
-#endif
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
   // This warp's groups: gb0 + warp + i * WARPS, i < n_w.

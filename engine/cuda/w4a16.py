@@ -195,11 +195,7 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
     if cfg.cluster:  # this split's partials, read by the cluster's first block
-        from nib.engine.cuda import loader
-
-        # EXPERIMENT NIB_W4_PUSH: the first block holds the other splits' partials instead
-        slots = max(1, cfg.splits - 1) if "NIB_W4_PUSH" in loader.defines() else 1
-        total += slots * cfg.r * mt * 2 * 64 * 4  # [pair][2][32] floats each
+        total += cfg.r * mt * 2 * 64 * 4  # [pair][2][32] floats
     if cfg.bulk:  # stages of weights and scales, and one mbarrier (+ pad) per stage
         total += cfg.pf * cfg.r * cfg.warps * (1024 + 32) + 16 * cfg.pf
     return total
