@@ -129,9 +129,10 @@ for step in ${*:-tests int4 typing decode}; do
               TAIL=8 run experiments-tests ${EXP_TESTS_CAP:-300} python3 -m pytest -p no:cacheprovider -q -rs \
                 tests/gpu/test_cuda_experiments.py --junitxml="$LOGS/experiments-tests.xml" ;;
     variants) # kernel experiments against the plain build, one process (bench/cuda_variants.py)
-              # VARIANTS_FORCE: one KNOB=LABEL for --force (it holds spaces, VARIANTS_ARGS cannot)
+              # VARIANTS_FORCE: one KNOB=LABEL for --force (it holds spaces, VARIANTS_ARGS cannot);
+              # VARIANTS_LIST: --variants, e.g. 'plain,cfg:int4 1536x8960 +residual=int4 mma16 r1w16p4'
               TAIL=30 run variants ${VARIANTS_CAP:-420} python3 bench/cuda_variants.py --out bench/results ${VARIANTS_ARGS:-} \
-                ${VARIANTS_FORCE:+--force "$VARIANTS_FORCE"} ;;
+                ${VARIANTS_FORCE:+--force "$VARIANTS_FORCE"} ${VARIANTS_LIST:+--variants "$VARIANTS_LIST"} ;;
     ends) TAIL=12 run step-ends ${ENDS_CAP:-300} python3 bench/step_ends.py --out bench/results ${ENDS_ARGS:-} ;;
     timeline) TAIL=60 run timeline ${TIMELINE_CAP:-420} python3 bench/step_timeline.py --out bench/results \
                 ${TIMELINE_ARGS:-} ;;

@@ -132,8 +132,10 @@ class W4Config:
 
 # The instantiations in w4a16.cu: (mt, r, warps, depth) per pipeline and activation source.
 STAGED = {(1, 1, 4, 4), (1, 1, 4, 2), (1, 1, 4, 3), (1, 1, 8, 4), (1, 1, 8, 2), (1, 2, 4, 2),
-          (1, 2, 4, 4), (1, 2, 8, 2), (1, 4, 4, 2)}  # fmt: skip
-STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2)}
+          (1, 2, 4, 4), (1, 2, 8, 2), (1, 4, 4, 2), (1, 1, 12, 6), (1, 1, 16, 4),
+          (1, 1, 16, 6)}  # fmt: skip
+STAGED_BULK = {(1, 1, 4, 4), (1, 1, 4, 6), (1, 1, 8, 3), (1, 2, 4, 3), (1, 2, 4, 4), (1, 4, 4, 2),
+               (1, 1, 16, 3), (1, 1, 16, 5)}  # fmt: skip
 GLOBAL = {(1, 1, 4, 4), (1, 2, 4, 2), (2, 1, 4, 4), (2, 2, 4, 2), (1, 4, 4, 2), (2, 4, 4, 2)}
 GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4, 2), (2, 4, 4, 2)}
 # Split-K merged in a cluster (W4_CLUSTER_KERNEL): the register-pipeline shapes whose

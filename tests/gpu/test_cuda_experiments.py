@@ -62,3 +62,21 @@ def test_every_variant_is_timed_and_matches_the_plain_build(tmp_path: Path) -> N
         for r in rows.values():
             assert r["identical_logits"] is True and r["max_abs_logit_diff"] == 0.0, r
             assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0
+
+
+def test_a_config_variant_runs_its_layer_config_in_the_step(tmp_path: Path) -> None:
+    """`cfg:` variants: the named config runs for that variant only, its logits are
+    compared, and the run does not fail on a reordered sum."""
+    _needs_cuda()
+    choice = "int4 1024x2816 +residual=int4 mma16 r1w16p4"
+    args = ["--shapes", "tiny-llama", "--formats", "int4", "--rounds", "2",
+            "--variants", f"plain,cfg:{choice}"]  # fmt: skip
+    result = run_bench("cuda_variants.py", args, tmp_path, "cuda-variants", timeout=900)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"plain", f"cfg:{choice}"}
+    assert rows["plain"]["configs"] == {}
+    knob, _, label = choice.partition("=")
+    assert rows[f"cfg:{choice}"]["configs"] == {knob: label}
+    diff = rows[f"cfg:{choice}"]["max_abs_logit_diff"]
+    assert diff is not None and diff < 0.5, rows[f"cfg:{choice}"]
+    assert all(len(r["step_us_rounds"]) == 2 for r in rows.values())

@@ -96,6 +96,8 @@ FUSED_CONFIGS = (
     W4Config(1, 4, 4, 2, bulk=True),
     W4Config(2, 4, 3, 1, bulk=True),
     W4Config(4, 4, 2, 4, bulk=True),
+    W4Config(1, 16, 6, 1),
+    W4Config(1, 16, 3, 1, bulk=True),
 )
 
 

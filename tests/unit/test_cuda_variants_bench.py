@@ -49,3 +49,19 @@ def test_bad_rounds_and_formats_are_refused(cv, capsys) -> None:  # type: ignore
             cv.main(argv)
         assert info.value.code == 2
         assert what in capsys.readouterr().err
+
+
+def test_a_config_variant_names_layer_configs_on_the_plain_build(cv) -> None:  # type: ignore[no-untyped-def]
+    v = "cfg:int4 1536x8960 +residual=int4 mma16 r1w16p4;int4 2048x1536 +norm=int4 mma16 r1w8p4"
+    assert cv.parse_variant(v) == ()
+    assert cv.config_choices(v) == [
+        "int4 1536x8960 +residual=int4 mma16 r1w16p4",
+        "int4 2048x1536 +norm=int4 mma16 r1w8p4",
+    ]
+    assert cv.config_choices("plain") == [] and cv.config_choices("NIB_A+NIB_B") == []
+
+
+@pytest.mark.parametrize("bad", ["cfg:", "cfg:no equals sign", "cfg:a=b;junk"])
+def test_a_config_variant_without_knob_and_label_is_refused(cv, bad: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="cfg:KNOB=LABEL"):
+        cv.parse_variant(bad)
