@@ -177,7 +177,6 @@ def measure(
             select(v)
             times[v].append(step_us(runner, steps=8, reps=15))
     switch((), device)
-    restore_configs(model, base)
     plain = statistics.median(times["plain"]) if "plain" in times else None
     rows = []
     for v in variants:
