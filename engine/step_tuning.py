@@ -93,9 +93,10 @@ def _config_knobs(model: nn.Module) -> list[Knob]:
     return knobs
 
 
-def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
+def step_us(runner: Any, steps: int = 4, reps: int = 12, hide_launch: bool = True) -> float:
     """Median µs of one greedy decode step: a graph of `steps` steps at a mid-context
-    position (the position reset before each), replayed `reps` times."""
+    position (the position reset before each), replayed `reps` times (cuda/timing.
+    replay_us: the graph's launch kept out of the time unless hide_launch is False)."""
     body = runner.bodies[runner._decode_name(0, True)]
     p0 = max(1, min(512, runner.max_context // 2))
     with torch.cuda.stream(runner.stream), torch.inference_mode():
@@ -109,7 +110,7 @@ def step_us(runner: Any, steps: int = 4, reps: int = 12) -> float:
             runner.pos.fill_(p0)
             body()
     with torch.cuda.stream(runner.stream):
-        us = replay_us(graph, steps, reps)
+        us = replay_us(graph, steps, reps, hide_launch)
     del graph
     return us
 

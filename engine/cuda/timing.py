@@ -9,6 +9,7 @@ consecutive kernels counts as it will in the decode graph.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -32,12 +33,36 @@ def graph_us(fns: Sequence[Callable[[], object]], calls: int = 0, reps: int = 7)
     return us
 
 
-def replay_us(graph: torch.cuda.CUDAGraph, per_replay: int, reps: int) -> float:
+# The GPU spins this long (~1 ms at the H200's clock) in front of the first timed replay:
+# the host queues the timed replays meanwhile, so none of them waits for its launch.
+LEAD_CYCLES = 2_000_000
+
+
+def replay_us(
+    graph: torch.cuda.CUDAGraph, per_replay: int, reps: int, hide_launch: bool = True
+) -> float:
     """Median microseconds per unit of a captured graph that holds `per_replay` units,
-    over `reps` timed replays on the current stream (after one untimed replay)."""
+    over `reps` timed replays on the current stream (after one untimed replay).
+
+    hide_launch: the replays run back to back behind a spin kernel, an event between
+    each two, so a replay's time is the GPU's alone, as in the decode loop, where the
+    next replay is queued while one runs. Without it (each replay between two events on
+    an idle GPU, the way this was timed before 2026-12-03) the host's launch of the graph
+    lands inside the interval, and its jitter with it: spread over the 4 steps of the
+    step tuner's graph, enough to flip a choice between configs a few µs apart."""
     graph.replay()
     torch.cuda.current_stream().synchronize()
     times = []
+    if hide_launch:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+        torch.cuda._sleep(LEAD_CYCLES)
+        marks[0].record()
+        for mark in marks[1:]:
+            graph.replay()
+            mark.record()
+        marks[-1].synchronize()
+        times = [a.elapsed_time(b) * 1e3 / per_replay for a, b in itertools.pairwise(marks)]
+        return statistics.median(times)
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
