@@ -22,10 +22,17 @@ import datetime as dt
 import gc
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# Kineto leaves CUPTI attached when a profile ends unless TEARDOWN_CUPTI=1 (pytorch/
+# pytorch#144455); every row is timed after the previous row's profile (profile_decode_step).
+# bench/profiler_residue.py found no residue with torch 2.11 on the H200 (2026-12-03); the
+# teardown keeps the rows independent of their order on a torch where there is one.
+os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 import torch
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -11,6 +11,7 @@
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
 # timeline: bench/step_timeline.py (each kernel of a decode step on the GPU's clock; TIMELINE_ARGS).
 # ends: bench/step_ends.py (the step's embedding and position advance, PyTorch's against nib's; ENDS_ARGS).
+# residue: bench/profiler_residue.py (the decode step before and after a torch.profiler session; RESIDUE_ARGS).
 # replay: bench/replay_timing.py (the step tuner's measure with and without the graph's launch; REPLAY_ARGS).
 # tests leaves out tests/gpu/test_cuda_experiments.py: run experiments-tests beside it.
 # variants: bench/cuda_variants.py (the kernel experiments in engine/cuda/loader.EXPERIMENTS
@@ -136,6 +137,8 @@ for step in ${*:-tests int4 typing decode}; do
                 ${VARIANTS_FORCE:+--force "$VARIANTS_FORCE"} ${VARIANTS_LIST:+--variants "$VARIANTS_LIST"} ;;
     replay) TAIL=30 run replay-timing ${REPLAY_CAP:-420} python3 bench/replay_timing.py --out bench/results \
               ${REPLAY_ARGS:-} ;;
+    residue) TAIL=12 run profiler-residue ${RESIDUE_CAP:-300} python3 bench/profiler_residue.py --out bench/results \
+               ${RESIDUE_ARGS:-} ;;
     ends) TAIL=12 run step-ends ${ENDS_CAP:-300} python3 bench/step_ends.py --out bench/results ${ENDS_ARGS:-} ;;
     timeline) TAIL=60 run timeline ${TIMELINE_CAP:-420} python3 bench/step_timeline.py --out bench/results \
                 ${TIMELINE_ARGS:-} ;;

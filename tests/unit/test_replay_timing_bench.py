@@ -1,5 +1,6 @@
-"""bench/replay_timing.py without a GPU: it refuses bad counts by name, says what it needs
-when there is no CUDA device, and summarises a series of timings as the JSON records it."""
+"""bench/replay_timing.py and bench/profiler_residue.py without a GPU: bad counts are
+refused by name, each says what it needs when there is no CUDA device, and a series of
+timings is summarised as the JSON records it."""
 
 from __future__ import annotations
 
@@ -40,3 +41,13 @@ def test_spread_of_a_series(rt) -> None:  # type: ignore[no-untyped-def]
         "range": 9.0,
     }
     assert rt.MEASURES == {"launch-inclusive": False, "launch-hidden": True}
+
+
+def test_profiler_residue_without_a_gpu_says_so(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import profiler_residue
+
+    monkeypatch.setattr(profiler_residue.torch.cuda, "is_available", lambda: False)
+    assert profiler_residue.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert profiler_residue.STAGES == ("before", "after-one-profile", "after-two-profiles")
