@@ -31,6 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/nib-out}
 LOGS=/tmp/nib-logs
+rm -rf "$LOGS"  # a machine kept between calls may hold an earlier session's logs
 mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + ${BUDGET_S:-570} ))
