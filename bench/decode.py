@@ -121,19 +121,40 @@ def prepare_nib(hf: torch.nn.Module, int4: bool, max_context: int) -> torch.nn.M
     return model
 
 
-def tuned_runner(shape: str, int4: bool, max_context: int) -> tuple[object, dict[str, str]]:
-    """`shape`'s model (random weights, prepare_nib) in a GraphRunner with graphs on and
-    its decode step tuned as start-up tunes it, nothing captured yet; and the choices.
-    What bench/step_ends.py, step_timeline.py and cuda_variants.py time."""
+def graph_runner(shape: str, int4: bool, max_context: int) -> object:
+    """`shape`'s model (random weights, prepare_nib) in a GraphRunner with graphs on, each
+    layer shape at its per-shape config pick: no step tuning yet, nothing captured."""
     from nib.engine.graphs import GraphRunner
-    from nib.engine.step_tuning import tune_step
 
     hf = build_hf(shape)
     model = prepare_nib(hf, int4, max_context)
     del hf
     gc.collect()
-    runner = GraphRunner(model, max_context, use_graphs=True)
+    return GraphRunner(model, max_context, use_graphs=True)
+
+
+def tuned_runner(shape: str, int4: bool, max_context: int) -> tuple[object, dict[str, str]]:
+    """graph_runner() with its decode step tuned as start-up tunes it, nothing captured
+    yet; and the choices. What bench/step_ends.py, step_timeline.py and cuda_variants.py
+    time."""
+    from nib.engine.step_tuning import tune_step
+
+    runner = graph_runner(shape, int4, max_context)
     return runner, tune_step(runner)
+
+
+def replay_graph_us(runner, graph, replays: int = 50) -> float:  # type: ignore[no-untyped-def]
+    """µs per replay of a captured graph on the runner's stream: one untimed replay, then
+    `replays` back to back between two events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(runner.stream):
+        graph.replay()
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end) * 1e3 / replays)
 
 
 def force_configs(model: torch.nn.Module, forced: list[str]) -> dict[str, str]:
@@ -279,16 +300,7 @@ def profile_decode_step(runner, position: int) -> dict[str, float]:  # type: ign
     for b in breakdown:
         print(f"  {b['us_per_step']:9.1f} us  x{b['per_step']:5.1f}  {b['kernel']}", flush=True)
     fills = sum(1 for e in kernels if "fill" in e.name.lower()) / steps  # pos.fill_ of this harness
-    replay_us = float("nan")
-    if graph is not None:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(runner.stream):
-            start.record()
-            for _ in range(50):
-                graph.replay()
-            end.record()
-        end.synchronize()
-        replay_us = start.elapsed_time(end) * 1e3 / 50
+    replay_us = float("nan") if graph is None else replay_graph_us(runner, graph)
     return {
         "profile_position": position,
         "kernels_top": breakdown,

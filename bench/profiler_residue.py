@@ -36,20 +36,6 @@ STAGES = ("before", "after-one-profile", "after-two-profiles")
 REPS = 5
 
 
-def replay_us(runner: object, replays: int = 50) -> float:
-    """µs per replay of the captured greedy decode graph, back to back."""
-    graph = runner.graphs[runner._decode_name(0, True)]  # type: ignore[attr-defined]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(runner.stream):  # type: ignore[attr-defined]
-        graph.replay()
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
 def child(shape: str) -> dict[str, object]:
     import decode  # bench/decode.py: the same model builder, tuning and profile
     from step_timeline import TEST_SHAPES
@@ -65,7 +51,8 @@ def child(shape: str) -> dict[str, object]:
         if i:
             decode.profile_decode_step(runner, position)
         steps = [step_us(runner) for _ in range(REPS)]
-        replays = [replay_us(runner) for _ in range(REPS)]
+        graph = runner.graphs[runner._decode_name(0, True)]  # type: ignore[attr-defined]
+        replays = [decode.replay_graph_us(runner, graph) for _ in range(REPS)]
         stages[stage] = {
             "step_us": steps,
             "step_us_median": statistics.median(steps),

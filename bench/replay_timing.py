@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,20 +49,27 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+def picks_us(sets: list[dict[str, Any]], runs: list[dict[str, Any]], measure: str) -> list[float]:
+    """The 8 x 15 step time of each tuning's choices, for the tunings run with `measure`
+    (in the order of `sets`, the distinct choices; `from`: the tunings that made each)."""
+    return [
+        s["step_us_median"]
+        for s in sets
+        for j in s["from"]
+        if j != "per-shape" and runs[j]["measure"] == measure
+    ]
+
+
 def measure_shape(shape: str, rounds: int, tunings: int) -> dict[str, object]:
     import decode  # bench/decode.py: the same model builder and kernels
     from cuda_variants import current_configs, restore_configs
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
-    from nib.engine.graphs import GraphRunner
     from nib.engine.step_tuning import _config_knobs, step_us, tune
 
     decode.SHAPES.update(TEST_SHAPES)
-    hf = decode.build_hf(shape)
-    model = decode.prepare_nib(hf, True, 1024)
-    del hf
-    gc.collect()
-    runner = GraphRunner(model, 1024, use_graphs=True)
+    runner = decode.graph_runner(shape, True, 1024)
+    model = runner.model  # type: ignore[attr-defined]
     base = current_configs(model)  # the per-shape picks, before any step tuning
 
     samples: dict[str, list[float]] = {m: [] for m in MEASURES}
@@ -112,14 +120,9 @@ def measure_shape(shape: str, rounds: int, tunings: int) -> dict[str, object]:
     for s in sets:
         s["step_us_median"] = statistics.median(s["step_us_rounds"])  # type: ignore[arg-type]
     for name in MEASURES:
-        chosen_times = [
-            s["step_us_median"]
-            for s in sets
-            for j in s["from"]  # type: ignore[attr-defined]
-            if j != "per-shape" and runs[j]["measure"] == name
-        ]
+        chosen_times = picks_us(sets, runs, name)
         print(f"   {name} tunings' picks, timed 8 steps x 15: "
-              + " ".join(f"{t:.1f}" for t in chosen_times), flush=True)  # type: ignore[str-format]  # fmt: skip
+              + " ".join(f"{t:.1f}" for t in chosen_times), flush=True)  # fmt: skip
     del runner, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -165,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for name in MEASURES:
             m = r["measure_rounds"][name]  # type: ignore[index]
-            picked = [
-                f"{s['step_us_median']:.1f}"
-                for s in r["picks"]  # type: ignore[attr-defined]
-                for j in s["from"]
-                if j != "per-shape" and r["tunings"][j]["measure"] == name  # type: ignore[index]
-            ]
+            picked = [f"{t:.1f}" for t in picks_us(r["picks"], r["tunings"], name)]  # type: ignore[arg-type]
             print(
                 f"| {r['shape']} | {name} | {m['median']:.1f} ({m['range']:.1f}) | {', '.join(picked)} |"
             )

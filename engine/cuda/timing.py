@@ -48,11 +48,10 @@ def replay_us(
     each two, so a replay's time is the GPU's alone, as in the decode loop, where the
     next replay is queued while one runs. Without it (each replay between two events on
     an idle GPU, the way this was timed before 2026-12-03) the host's launch of the graph
-    lands inside the interval, and its jitter with it: spread over the 4 steps of the
-    step tuner's graph, enough to flip a choice between configs a few µs apart."""
+    lands inside the interval, and its jitter with it: 2-4 µs a step of the step tuner's
+    graph on the H200 (bench/replay_timing.py)."""
     graph.replay()
     torch.cuda.current_stream().synchronize()
-    times = []
     if hide_launch:
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
         torch.cuda._sleep(LEAD_CYCLES)
@@ -62,12 +61,14 @@ def replay_us(
             mark.record()
         marks[-1].synchronize()
         times = [a.elapsed_time(b) * 1e3 / per_replay for a, b in itertools.pairwise(marks)]
-        return statistics.median(times)
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per_replay)
+    else:
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / per_replay)
     return statistics.median(times)
