@@ -28,6 +28,7 @@ import argparse
 import gc
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,6 +42,9 @@ VARIANTS = ("pytorch-ends", "nib-ends")
 def set_variant(runner: object, variant: str, embed: object) -> None:
     runner.embed = embed if variant == "nib-ends" else None  # type: ignore[attr-defined]
     runner.greedy_advances = variant == "nib-ends"  # type: ignore[attr-defined]
+    # The ends alone: the pick stays a kernel of its own in both (bench/fused_pick.py
+    # times it folded into the lm_head).
+    runner.fuse_pick = False  # type: ignore[attr-defined]
 
 
 def kernels_per_step(runner: object) -> int:
@@ -50,7 +54,16 @@ def kernels_per_step(runner: object) -> int:
     return round(decode.profile_decode_step(runner, 256)["kernels_per_step"])
 
 
-def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
+def measure(
+    shape: str,
+    fmt: str,
+    rounds: int,
+    variants: tuple[str, ...] = VARIANTS,
+    setter: Callable[[object, str, object], None] = set_variant,
+    final: str = "nib-ends",
+) -> list[dict[str, object]]:
+    """Rows of `variants` (setter(runner, variant, nib's embedding) applies one), timed
+    alternating for `rounds` rounds on one tuned runner; `final` is applied last."""
     import decode  # bench/decode.py: the same model builder and kernels
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
@@ -60,15 +73,15 @@ def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
     runner, tuned = decode.tuned_runner(shape, fmt == "int4", 1024)
     embed = runner.embed
     if embed is None or runner.greedy is None:
-        raise SystemExit("step_ends.py needs nib's CUDA kernels (embedding and greedy pick)")
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        raise SystemExit("this bench needs nib's CUDA kernels (embedding and greedy pick)")
+    times: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
-        for variant in VARIANTS:
-            set_variant(runner, variant, embed)
+        for variant in variants:
+            setter(runner, variant, embed)
             times[variant].append(step_us(runner, steps=8, reps=15))
     rows = []
-    for variant in VARIANTS:
-        set_variant(runner, variant, embed)
+    for variant in variants:
+        setter(runner, variant, embed)
         rows.append(
             {
                 "shape": shape,
@@ -80,7 +93,7 @@ def measure(shape: str, fmt: str, rounds: int) -> list[dict[str, object]]:
                 "step_tuning": tuned,
             }
         )
-    set_variant(runner, "nib-ends", embed)
+    setter(runner, final, embed)
     del runner
     gc.collect()
     torch.cuda.empty_cache()

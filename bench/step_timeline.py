@@ -189,9 +189,14 @@ def roles(instances: list[Instance], layers: int) -> list[str]:
     lookup where it is nib's kernel, five traced kernels a layer, then the lm_head and
     the greedy pick), else by kind and grid."""
     body = [LAYER_ROLES[i % len(LAYER_ROLES)] for i in range(len(LAYER_ROLES) * layers)]
-    for first in (list(FIRST_ROLES), []):
-        if len(instances) == len(first) + len(body) + len(FINAL_ROLES):
-            return first + body + list(FINAL_ROLES)
+    if not instances:
+        return []
+    first = list(FIRST_ROLES) if KINDS.get(instances[0].kind) == "embed" else []
+    # Where the pick is folded into the INT4 lm_head (GraphRunner.fuse_pick), the step
+    # ends with the lm_head.
+    final = list(FINAL_ROLES) if KINDS.get(instances[-1].kind) == "greedy" else ["lm_head"]
+    if len(instances) == len(first) + len(body) + len(final):
+        return first + body + final
     return [i.label for i in instances]
 
 
@@ -323,7 +328,12 @@ class Tracer:
 
 
 def trace_row(
-    shape: str, fmt: str, position: int, replays: int, forced: list[str] | None = None
+    shape: str,
+    fmt: str,
+    position: int,
+    replays: int,
+    forced: list[str] | None = None,
+    pick: str = "tuned",
 ) -> dict[str, object]:
     import decode  # bench/decode.py: the same model, kernels and step tuning
 
@@ -332,6 +342,8 @@ def trace_row(
     model = runner.model
     layers = model.cfg.num_layers
     applied = decode.force_configs(model, forced or [])
+    if pick != "tuned":  # else where the step tuning put the greedy pick
+        runner.fuse_pick = pick == "fused"
     runner.capture()
     name = runner._decode_name(0, True)
     graph = runner.graphs[name]
@@ -371,6 +383,7 @@ def trace_row(
         "clock_tick_ns": tick_ns(first),
         "step_tuning": getattr(runner, "step_tuning", tuned),
         "forced": applied,
+        "pick_fused": runner.pick_fused,
         "roles": summary,
         "layer_boundaries_last_replay": per_replay[-1],
     }
@@ -433,6 +446,14 @@ def main(argv: list[str] | None = None) -> int:
         help="after the step tuning, run this config for a layer shape (repeatable), e.g. "
         "'int4 4096x4096 +residual=int4 mma16 r1w8p2'",
     )
+    ap.add_argument(
+        "--pick",
+        choices=("tuned", "fused", "separate"),
+        default="tuned",
+        help="the greedy pick: where start-up left it (a kernel of its own unless tuned "
+        "otherwise), folded into the INT4 lm_head's epilogue where it can be, or a kernel of "
+        "its own after the lm_head",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--tag", default="", help="write <date>-step-timeline-<tag>.json instead")
     args = ap.parse_args(argv)
@@ -448,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             if fmt not in ("int4", "bf16"):
                 ap.error(f"--formats: {fmt!r} is not int4 or bf16")
             print(f"== {shape} {fmt}", flush=True)
-            row = trace_row(shape, fmt, args.position, args.replays, args.force)
+            row = trace_row(shape, fmt, args.position, args.replays, args.force, args.pick)
             rows.append(row)
             print(
                 f"   replay {row['replay_us_median']:.1f} us traced, clock tick {row['clock_tick_ns']} ns, "

@@ -17,7 +17,10 @@ each step writes its token into. Graphs:
   KV-cache write and attention are one CUDA kernel there (cuda/attention.py)
   where it runs, else the Triton rope_cache + split-K pair; the embedding
   lookup (cuda/embed.py) and the greedy pick, which also advances the position
-  (cuda/greedy.py), are CUDA kernels that let their neighbours overlap them.
+  (cuda/greedy.py), are CUDA kernels that let their neighbours overlap them; where
+  the lm_head runs nib's CUDA INT4 kernel, the greedy decode graphs can fold the pick
+  into its epilogue instead (PickingHead, GraphRunner.fuse_pick): one kernel fewer a
+  step, off by default (on the H200 it measured slower).
 
 A body that fails to capture runs eagerly instead (same code, no graph): the
 shape stays served, `fallbacks` counts it and the state says why.
@@ -36,12 +39,13 @@ import torch
 
 from nib.engine.cuda.attention import for_model as fused_for_model
 from nib.engine.cuda.embed import cuda_embedding
-from nib.engine.cuda.greedy import cuda_greedy
+from nib.engine.cuda.greedy import FusedPick, cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
 from nib.engine.graphs_common import decode_attend_fn
 from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.model import Transformer
 from nib.engine.ops import fresh_prefill_attention
+from nib.engine.quant.linear import Int4Linear
 from nib.engine.request import GenerationParams
 from nib.engine.speculative import MAX_DRAFT, Speculator, interleave
 
@@ -61,6 +65,52 @@ def bucket_ladder(max_context: int, smallest: int = 16) -> tuple[int, ...]:
         buckets.append(b)
         b *= 2
     return (*buckets, max_context)
+
+
+class PickingHead:
+    """Transformer.forward's `head` in a greedy decode step: the final norm, the lm_head
+    and the greedy pick in one launch (w4a16.cu's epilogue with pick.cuh), where the
+    lm_head is nib's CUDA INT4 kernel with the norm fused and nothing is left to add to
+    the residual; elsewhere None (the usual head; the step then runs the greedy kernel).
+    The pick writes what GraphRunner._finish's kernel would: the token into the pinned
+    slot and the device token, its log-probability, and the position + 1."""
+
+    def __init__(self, runner: GraphRunner, slot: int) -> None:
+        self.runner, self.slot = runner, slot
+        self.picked = False
+
+    def __call__(
+        self,
+        residual: torch.Tensor,
+        pending: torch.Tensor | None,
+        weight: torch.Tensor,
+        eps: float,
+        linear: torch.nn.Module,
+    ) -> torch.Tensor | None:
+        packed = linear.cuda if isinstance(linear, Int4Linear) else None
+        if (
+            pending is not None
+            or packed is None
+            or packed.fusion != "norm"
+            or linear.use_reference
+            or residual.numel() != packed.k
+        ):
+            return None
+        r = self.runner
+        assert r.greedy is not None
+        if r.fused_pick is None or r.fused_pick.parts < packed.tiles:
+            r.fused_pick = FusedPick(r.greedy, packed.tiles)
+        pointers = r.fused_pick.pointers(
+            r.out_token[self.slot : self.slot + 1],
+            r.out_logprob[self.slot : self.slot + 1],
+            r.token.view(1),
+            r.pos,
+        )
+        if pointers is None:  # pinned slots not mapped: the greedy kernel copies instead
+            return None
+        self.picked = True
+        logits: torch.Tensor = linear.norm_forward(residual, weight, eps, False, pick=pointers)
+        return logits
 
 
 @dataclass
@@ -137,6 +187,14 @@ class GraphRunner:
         # The greedy kernel advances the decode position itself (False: a PyTorch add
         # before it, as before; bench/step_ends.py times the two against each other).
         self.greedy_advances = True
+        # The greedy decode graphs' pick in the lm_head's epilogue where it can be
+        # (PickingHead), else the lm_head, then the greedy kernel. Off: on the H200 it
+        # measured slower (bench/fused_pick.py). tune_pick lets start-up's step tuning
+        # time both and keep the faster (engine/step_tuning.py).
+        self.fuse_pick = False
+        self.tune_pick = False
+        self.fused_pick: FusedPick | None = None  # its workspace, made on first use
+        self.pick_fused = False  # whether the last greedy decode body ran the pick fused
         self._state_staging = torch.zeros(2, dtype=torch.long).pin_memory()
         self._staging = torch.zeros(biggest + 3, dtype=torch.long).pin_memory()
         self.keep_logits = keep_logits  # tests: every step also copies its logits here
@@ -258,8 +316,36 @@ class GraphRunner:
         self.out_row_logprobs[:bucket].copy_(logprob, non_blocking=True)
 
     def _decode_body(self, parity: int, greedy: bool) -> None:
-        logits = self.model(self.token, self.pos, attend=self._decode_attend, embed=self.embed)
+        head = PickingHead(self, parity) if greedy and self._can_fuse_pick() else None
+        logits = self.model(
+            self.token, self.pos, attend=self._decode_attend, embed=self.embed, head=head
+        )
+        if greedy:
+            self.pick_fused = head is not None and head.picked
+        if head is not None and head.picked:
+            if self.keep_logits:
+                self.last_logits.copy_(logits[0, 0].float())
+            return
         self._finish(logits, greedy, parity, advance=True)
+
+    def _can_fuse_pick(self) -> bool:
+        """Asked for, and the greedy kernel runs here and advances the position (what the
+        fused pick does in its place)."""
+        return self.fuse_pick and self.pick_fusable()
+
+    def pick_fusable(self) -> bool:
+        """Whether the greedy decode step can fold its pick into the lm_head here: the
+        greedy kernel runs and advances the position, and the lm_head is nib's CUDA INT4
+        kernel with the final norm fused (PickingHead's other conditions hold on the GPU
+        path)."""
+        out = self.model.output
+        return (
+            self.greedy is not None
+            and self.greedy_advances
+            and isinstance(out, Int4Linear)
+            and out.cuda is not None
+            and out.cuda.fusion == "norm"
+        )
 
     # -- capture --------------------------------------------------------------
 

@@ -176,7 +176,7 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
             "torch sdpa (causal)",
             _family("prefill", runner.buckets),
         ),
-        KernelPath(HEAD, "sampling.greedy", "1", _greedy_kernel(runner), "*-greedy; verify"),
+        *_greedy_paths(runner),
         KernelPath(
             HEAD, "sampling.sample", "1", "torch top-k/top-p + triton philox race", "*-sample"
         ),
@@ -201,6 +201,21 @@ def _embedding_paths(runner: GraphRunner) -> list[KernelPath]:
             KernelPath(EMBED, "embedding", _span(more[0], more[-1]), "torch embedding", graphs)
         )
     return paths
+
+
+PICK_FUSED = "fused into the lm_head's epilogue (cuda int4 mma16 + pick)"
+
+
+def _greedy_paths(runner: GraphRunner) -> list[KernelPath]:
+    """The greedy pick: in the decode graphs fused into the lm_head where it was
+    (GraphRunner.pick_fused), else the greedy kernel (or PyTorch's sequence)."""
+    kernel = _greedy_kernel(runner)
+    if not getattr(runner, "pick_fused", False):  # test stand-ins may lack it
+        return [KernelPath(HEAD, "sampling.greedy", "1", kernel, "*-greedy; verify")]
+    return [
+        KernelPath(HEAD, "sampling.greedy", "1", PICK_FUSED, "decode-greedy"),
+        KernelPath(HEAD, "sampling.greedy", "1", kernel, "prefill/chunk-greedy; verify"),
+    ]
 
 
 def _greedy_kernel(runner: GraphRunner) -> str:

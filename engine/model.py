@@ -21,6 +21,12 @@ from nib.engine.kv_cache import KVCache
 from nib.engine.ops import AttentionFn, TorchOps
 from nib.engine.rope import cos_sin_table
 
+# (residual, pending, norm weight, eps, lm_head) -> logits, or None: Transformer.forward's
+# `head` override.
+Head = Callable[
+    [torch.Tensor, "torch.Tensor | None", torch.Tensor, float, nn.Module], "torch.Tensor | None"
+]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -116,6 +122,7 @@ class Transformer(nn.Module):
         gather_index: torch.Tensor | None = None,
         attend: AttentionFn | None = None,
         embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        head: Head | None = None,
     ) -> torch.Tensor:
         """tokens [1, T] at positions input_pos [T] -> logits [1, T (or 1), vocab].
 
@@ -124,6 +131,9 @@ class Transformer(nn.Module):
         [1] index) keep one row before the lm_head. attend overrides the
         attention (the GPU graphs pass their own). embed overrides the embedding
         lookup (the decode graph's CUDA kernel, engine/cuda/embed.py): the same rows.
+        head, given (residual, pending, final norm weight, eps, lm_head), may return the
+        logits itself (the greedy decode graph's lm_head with the pick fused, graphs.py)
+        or None for the usual final norm and lm_head.
         """
         ops, eps = self.ops, self.cfg.rms_norm_eps
         attend = attend or ops.attend
@@ -145,6 +155,10 @@ class Transformer(nn.Module):
         elif last_only:
             residual = residual[:, -1:]
             pending = None if pending is None else pending[:, -1:]
+        if head is not None:
+            picked = head(residual, pending, self.norm.weight, eps, self.output)
+            if picked is not None:
+                return picked
         result: torch.Tensor = ops.norm_linear(
             residual, pending, self.norm.weight, eps, self.output
         )

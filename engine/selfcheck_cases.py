@@ -29,9 +29,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from nib.engine.cuda.embed import cuda_embedding
-from nib.engine.cuda.greedy import CudaGreedy, cuda_greedy
+from nib.engine.cuda.greedy import CudaGreedy, FusedPick, cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
-from nib.engine.kernel_paths import HEAD, is_gemv, linear_kernel, linears, row_classes
+from nib.engine.kernel_paths import (
+    HEAD,
+    PICK_FUSED,
+    is_gemv,
+    linear_kernel,
+    linears,
+    row_classes,
+)
 from nib.engine.kernels import reference as ref
 from nib.engine.kernels.decode_attention import DecodeAttention
 from nib.engine.kv_cache import KVCache
@@ -74,8 +81,10 @@ class CaseBuilder:
         decode_attention: DecodeAttention,
         chunk_attention: DecodeAttention | None,
         fused_attention: FusedDecodeAttention | None = None,
+        fused_pick: bool = False,
     ) -> None:
         self.model = model
+        self.fused_pick = fused_pick
         self.cfg = model.cfg
         weight = model.tok_embeddings.weight
         self.device, self.dtype = weight.device, weight.dtype
@@ -483,6 +492,7 @@ class CaseBuilder:
                 compare=_check_sample,
             )
         yield from self._greedy()
+        yield from self._fused_pick()
         yield from self._embedding()
 
     def _embedding(self) -> Iterator[Case]:
@@ -542,6 +552,59 @@ class CaseBuilder:
                 lambda greedy=greedy: str(greedy.label),
                 compare=_check_greedy,
             )
+
+    def _fused_pick(self) -> Iterator[Case]:
+        """The greedy pick folded into the INT4 lm_head's epilogue (the greedy decode
+        graphs use it where the lm_head is nib's CUDA kernel, graphs.PickingHead): the
+        model's own lm_head and final norm weight on a random hidden state, against the
+        same launch without the pick and torch.argmax / logsumexp over its logits."""
+        if not self.fused_pick:  # the decode graphs keep the pick a kernel of its own
+            return
+        output = self.model.output
+        packed = output.cuda if isinstance(output, Int4Linear) else None
+        if packed is None or packed.fusion != "norm":
+            return
+        greedy = cuda_greedy(self.cfg.vocab_size, 1, self.device)
+        probe = torch.empty(1, dtype=torch.int64).pin_memory()
+        if greedy is None or greedy.address(probe) is None:
+            return  # pinned slots unmapped: graphs.py keeps the pick a kernel of its own
+        pick = FusedPick(greedy, packed.tiles)
+        norm_weight, eps = self.model.norm.weight, self.cfg.rms_norm_eps
+        seed = self.seed()
+
+        def inputs() -> Inputs:
+            return {"h": _randn(_gen(self.device, seed), packed.k, dtype=self.dtype, scale=2.0)}
+
+        def run(i: Inputs) -> Outputs:
+            token = torch.full((1,), -1, dtype=torch.int64).pin_memory()
+            logprob = torch.full((1,), math.nan).pin_memory()
+            pos = torch.full((1,), GREEDY_POSITION, dtype=torch.int64, device=self.device)
+            pointers = pick.pointers(token, logprob, advance=pos)
+            if pointers is None:
+                raise RuntimeError("pinned memory is no longer mapped for the device")
+            logits = packed.norm(i["h"], norm_weight, eps, pick=pointers)
+            torch.cuda.synchronize()
+            return token, logprob, pos.cpu(), logits.cpu()
+
+        def reference(i: Inputs) -> Outputs:
+            logits = packed.norm(i["h"], norm_weight, eps)
+            return (*_greedy_ref({"logits": logits[None], "bias": None}), logits.cpu())
+
+        def compare(out: Outputs, want: Outputs) -> tuple[float, str]:
+            if not torch.equal(out[3], want[3]):
+                return math.inf, "the logits differ from the same launch without the pick"
+            return _check_greedy(out[:3], want[:3])
+
+        yield Case(
+            "greedy",
+            f"fused into the lm_head out={packed.out_features} in={packed.k}",
+            inputs,
+            run,
+            reference,
+            GREEDY_TOLERANCE,
+            lambda: PICK_FUSED,
+            compare=compare,
+        )
 
 
 def _greedy_inputs(
@@ -655,7 +718,11 @@ def build_cases(
     decode_attention: DecodeAttention,
     chunk_attention: DecodeAttention | None = None,
     fused_attention: FusedDecodeAttention | None = None,
+    fused_pick: bool = False,
 ) -> list[Case]:
     """Every case for `model` (its ops, linears and attention objects as the engine runs
-    them), fed the row counts the engine uses."""
-    return CaseBuilder(model, rows, decode_attention, chunk_attention, fused_attention).cases()
+    them), fed the row counts the engine uses; `fused_pick`: the decode graphs fold the
+    greedy pick into the INT4 lm_head (GraphRunner.fuse_pick), so that is checked too."""
+    return CaseBuilder(
+        model, rows, decode_attention, chunk_attention, fused_attention, fused_pick
+    ).cases()

@@ -81,6 +81,7 @@ def setup_gpu(engine: Engine) -> None:
             runner.attention,
             runner.chunk_attention,
             runner.fused_attention,
+            runner.fuse_pick and runner.pick_fusable(),
         ),
         engine.hooks.tamper_selfcheck,
     )

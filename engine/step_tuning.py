@@ -17,7 +17,9 @@ then measures slower than before (noise can pick a loser: once 1220 -> 1252 us),
 every shape goes back to its per-shape pick.
 
 Every option is a config the kernel tests cover, and the self-check runs after
-this on what was chosen; only time depends on the choice. (An L2 prefetch of the
+this on what was chosen; only time depends on the choice. One more knob, where asked
+for (GraphRunner.tune_pick), is where the greedy pick runs (its own kernel, or folded
+into the INT4 lm_head's epilogue). (An L2 prefetch of the
 next layers' weights was a knob here too; measured on the H200 it never won once
 configs were tuned this way, and it was removed. bench/results/
 2026-12-01-l2-prefetch.json holds its A/B, from commit 7fd9a52.)
@@ -115,6 +117,31 @@ def step_us(runner: Any, steps: int = 4, reps: int = 12, hide_launch: bool = Tru
     return us
 
 
+def _pick_knob(runner: Any) -> list[Knob]:
+    """Where the greedy pick runs: a kernel of its own after the lm_head (options[0], the
+    default) or folded into the INT4 lm_head's epilogue (graphs.PickingHead), where the
+    runner can fold it. One boundary fewer, but every block of the lm_head merges its
+    logits and draws a ticket: on the H200 that cost more than it saved
+    (bench/fused_pick.py), so the knob is offered only where runner.tune_pick asks for
+    it, and then kept only where the step measures faster."""
+    fusable = getattr(runner, "pick_fusable", None)
+    if not getattr(runner, "tune_pick", False) or fusable is None or not fusable():
+        return []
+
+    def apply(fused: bool) -> None:
+        runner.fuse_pick = fused
+
+    current = bool(runner.fuse_pick)
+    return [
+        Knob(
+            "greedy pick",
+            [current, not current],
+            apply,
+            lambda fused: "fused into the lm_head" if fused else "separate kernel",
+        )
+    ]
+
+
 def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:
     """One pass of coordinate descent: each knob in turn tries its options (measure()
     after each apply) and keeps the fastest, unless it beats the current choice
@@ -157,7 +184,7 @@ def tune_step(runner: Any) -> dict[str, str]:
     """Tune every knob of runner.model's decode step (see the module doc), before the
     runner captures its graphs. Returns {knob: chosen option's label}."""
     model = runner.model
-    knobs = _config_knobs(model)
+    knobs = _config_knobs(model) + _pick_knob(runner)
     if not knobs:
         return {}
     started = time.perf_counter()

@@ -22,7 +22,7 @@
 //
 // Elements before the row's first 16-byte boundary and after its last whole
 // vector (at most 2 x 7) are read one by one by block 0.
-#include "common.cuh"
+#include "pick.cuh"
 
 struct GreedyArgs {
   const void* logits;      // [rows][row_stride], fp32 / fp16 / bf16 (the template's)
@@ -41,15 +41,9 @@ struct GreedyArgs {
 constexpr int THREADS = 256;
 constexpr int VPT = 2;  // 16-byte vectors per thread per trip (greedy.py's VECTORS_PER_THREAD)
 constexpr int WARPS = THREADS / 32;
-constexpr int NONE = 0x7fffffff;  // no index beat -inf yet
-constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LOG2E = PICK_LOG2E;
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-
-NIB_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
-NIB_DEVICE bool is_nan(float x) { return x != x; }
-// The logsumexp's reference point: the max, or 0 while nothing above -inf was seen.
-NIB_DEVICE float ref_of(float m) { return m == neg_inf() ? 0.f : m; }
 
 template <int DT>
 NIB_DEVICE float load_elem(const void* row, int i) {
@@ -75,81 +69,11 @@ NIB_DEVICE void unpack(const uint4& v, float (&x)[16 / (DT == DT_F32 ? 4 : 2)]) 
   }
 }
 
-struct Best {
-  float c;  // best chosen score
-  int i;    // its index (NONE while nothing beat -inf)
-  float x;  // the row's value at i
-  float m;  // max of the row
-  float s;  // sum of exp(row - ref_of(m))
-};
-
-NIB_DEVICE Best empty_best() { return Best{neg_inf(), NONE, 0.f, neg_inf(), 0.f}; }
-
-// One element, visited in increasing index order within a thread: strictly greater
-// keeps the first of equal scores; a NaN replaces anything but an earlier NaN.
-NIB_DEVICE void take(Best& b, float c, float x, int i) {
-  if (c > b.c || (is_nan(c) && !is_nan(b.c))) {
-    b.c = c;
-    b.i = i;
-    b.x = x;
-  }
-}
-
-// Whether (ac, ai) comes before (bc, bi) in torch.argmax's order.
-NIB_DEVICE bool before(float ac, int ai, float bc, int bi) {
-  if (is_nan(ac)) return !is_nan(bc) || ai < bi;
-  if (is_nan(bc)) return false;
-  return ac > bc || (ac == bc && ai < bi);
-}
-
-NIB_DEVICE Best merge(const Best& a, const Best& b) {
-  Best r;
-  const bool first = before(a.c, a.i, b.c, b.i);
-  r.c = first ? a.c : b.c;
-  r.i = first ? a.i : b.i;
-  r.x = first ? a.x : b.x;
-  r.m = fmaxf(a.m, b.m);
-  const float ref = ref_of(r.m);
-  // A side whose m is -inf has s = 0 and gets the factor 2^-inf = 0 (ref is finite).
-  r.s = a.s * ex2((a.m - ref) * LOG2E) + b.s * ex2((b.m - ref) * LOG2E);
-  return r;
-}
-
-NIB_DEVICE Best shfl_xor(const Best& b, int o) {
-  Best r;
-  r.c = __shfl_xor_sync(0xffffffffu, b.c, o);
-  r.i = __shfl_xor_sync(0xffffffffu, b.i, o);
-  r.x = __shfl_xor_sync(0xffffffffu, b.x, o);
-  r.m = __shfl_xor_sync(0xffffffffu, b.m, o);
-  r.s = __shfl_xor_sync(0xffffffffu, b.s, o);
-  return r;
-}
-
-NIB_DEVICE Best warp_merge(Best b) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) b = merge(b, shfl_xor(b, o));
-  return b;
-}
-
-// The block's merge; thread 0 gets the result.
-NIB_DEVICE Best block_merge(Best b, Best* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  b = warp_merge(b);
-  if (lane == 0) scratch[warp] = b;
-  __syncthreads();
-  if (warp == 0) {
-    b = lane < WARPS ? scratch[lane] : empty_best();
-    b = warp_merge(b);
-  }
-  return b;
-}
-
 template <int DT, bool BIAS>
 NIB_DEVICE void greedy_body(const GreedyArgs& a) {
   constexpr int EPV = DT == DT_F32 ? 4 : 8;  // elements per 16-byte vector
   constexpr int ESIZE = 16 / EPV;
   __shared__ Best scratch[WARPS];
-  __shared__ int ticket;
   const int row = blockIdx.y, tid = threadIdx.x;
   // Launched right behind the lm_head (programmatic dependent launch on sm_90): wait
   // for its logits before reading them.
@@ -206,61 +130,15 @@ NIB_DEVICE void greedy_body(const GreedyArgs& a) {
     const int i = tid < head ? tid : tail + tid - head;
     if (tid < head + (a.vocab - tail)) {
       const float x = load_elem<DT>(base, i);
-      Best one = empty_best();
-      one.m = x;
-      one.s = ex2((x - ref_of(x)) * LOG2E);  // 1, or 0 for -inf
-      take(one, BIAS ? x + a.bias[i] : x, x, i);
-      b = merge(b, one);
+      b = merge(b, best_of(BIAS ? x + a.bias[i] : x, x, i));
     }
   }
 
   b = block_merge(b, scratch);
-  float4* part = reinterpret_cast<float4*>(a.ws + ((size_t)row * gridDim.x + blockIdx.x) * 8);
-  if (tid == 0) {
-    part[0] = make_float4(b.c, __int_as_float(b.i), b.x, b.m);
-    part[1] = make_float4(b.s, 0.f, 0.f, 0.f);
-    __threadfence();  // the partial is visible device-wide before the ticket is drawn
-    ticket = atomicAdd(a.counters + row, 1);
-  }
-  __syncthreads();
-  if (ticket != (int)gridDim.x - 1) return;
-
-  // The last block of this row: every other block's partial is visible.
-  __threadfence();
-  const float4* all = reinterpret_cast<const float4*>(a.ws + (size_t)row * gridDim.x * 8);
-  b = empty_best();
-  for (int p = tid; p < (int)gridDim.x; p += THREADS) {
-    const float4 p0 = ld_cg4(all + 2 * p), p1 = ld_cg4(all + 2 * p + 1);
-    b = merge(b, Best{p0.x, __float_as_int(p0.y), p0.z, p0.w, p1.x});
-  }
-  // scratch is free again: warp 0 read it before the ticket's barrier.
-  b = block_merge(b, scratch);
-  if (tid == 0) {
-    int token = b.i;
-    float x = b.x;
-    if (token == NONE) {  // every chosen score is -inf: torch.argmax says 0
-      token = 0;
-      x = load_elem<DT>(base, 0);
-    }
-    const float logprob = x - (ref_of(b.m) + logf(b.s));
-    if (a.token) a.token[row] = token;
-    // The decode step's position moves on here rather than in a kernel of its own
-    // between the lm_head and this one: that kernel neither started early nor let this
-    // one launch while the lm_head finished. Every kernel of the step that reads the
-    // position has ended by now (each waited for the one before it).
-    if (a.advance && row == 0) *a.advance += 1;
-    a.out_token[row] = token;
-    a.out_logprob[row] = logprob;
-    // The host reads these after waiting on an event recorded behind this kernel.
-    // The event completes only after the kernel has, and a completed kernel's stores,
-    // to mapped pinned memory too, are visible to the host that synchronised with it
-    // (the CUDA guide's rule for mapped memory: order accesses with streams or
-    // events). sys_fence adds an explicit system-scope fence on top: the stores are
-    // then performed for the host before this thread goes on, whatever the
-    // interconnect; micro_greedy.py measures what it costs.
-    if (a.sys_fence) __threadfence_system();
-    a.counters[row] = 0;
-  }
+  const PickOut out{a.token, a.out_token, a.out_logprob, a.advance, a.sys_fence};
+  pick_across_blocks<PICK_ONE_LEVEL>(b, a.ws + (size_t)row * gridDim.x * PICK_PARTIAL_FLOATS, a.counters + row,
+                     blockIdx.x, gridDim.x, out, row, [&] { return load_elem<DT>(base, 0); },
+                     scratch);
 }
 
 #define GREEDY_KERNEL(NAME, DT, BIAS)                                              \

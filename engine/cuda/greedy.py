@@ -22,6 +22,7 @@ import logging
 import torch
 
 from nib.engine.cuda import build, driver
+from nib.engine.cuda.w4a16 import PickPointers
 
 log = logging.getLogger("nib.engine")
 
@@ -29,6 +30,7 @@ THREADS = 256  # greedy.cu's THREADS
 VECTORS_PER_THREAD = 2  # greedy.cu's VPT: 16-byte loads in flight per thread
 MAX_BLOCKS = 128  # per row; past this the threads loop
 PARTIAL_FLOATS = 8  # one block's partial in the workspace
+PICK_GROUP = 64  # w4a16.cu's PICK_GROUP: the fused pick merges per group of blocks first
 KERNELS = {torch.float32: "greedy_f32", torch.float16: "greedy_f16", torch.bfloat16: "greedy_bf16"}
 LABEL = "cuda greedy argmax+logprob"
 
@@ -137,7 +139,7 @@ class CudaGreedy:
     def label(self) -> str:
         return LABEL if self.maps_host else f"{LABEL} (copies to host: unmapped pinned memory)"
 
-    def _address(self, t: torch.Tensor) -> int | None:
+    def address(self, t: torch.Tensor) -> int | None:
         """Where the kernel stores `t`'s first element, or None when it cannot."""
         if t.device.type != "cpu":
             return int(t.data_ptr())
@@ -179,8 +181,8 @@ class CudaGreedy:
             advance,
         )  # fmt: skip
         rows = int(rows2.shape[0])
-        tok_addr = self._address(out_token)
-        lp_addr = self._address(out_logprob)
+        tok_addr = self.address(out_token)
+        lp_addr = self.address(out_logprob)
         name = KERNELS[rows2.dtype] + ("_bias" if bias is not None else "")
         args = GreedyArgs(
             rows2.data_ptr(), driver.ptr(bias), self.ws.data_ptr(), self.counters.data_ptr(),
@@ -195,6 +197,56 @@ class CudaGreedy:
             out_token.copy_(self._token[:rows], non_blocking=True)
         if lp_addr is None:
             out_logprob.copy_(self._logprob[:rows], non_blocking=True)
+
+
+class FusedPick:
+    """The greedy pick fused into a one-row lm_head's epilogue (w4a16.cu with pick.cuh):
+    the lm_head's blocks merge their logits' argmax and logsumexp through this
+    workspace and the last of them writes the token, its log-probability and the
+    advanced position, as CudaGreedy.run does, one kernel boundary fewer a step.
+
+    `parts`: the most blocks of tiles the lm_head may launch (its tile count). The
+    counter resets itself, so the launch replays inside a CUDA graph."""
+
+    def __init__(self, greedy: CudaGreedy, parts: int) -> None:
+        if parts < 1:
+            raise ValueError(f"greedy: a fused pick needs at least one part, got {parts}")
+        self.greedy, self.parts = greedy, parts
+        device = greedy.device
+        groups = -(-parts // PICK_GROUP) if parts > PICK_GROUP else 0
+        # Each block's partial, then each group's (pick.cuh's two-level merge); the
+        # final ticket, then one per group.
+        self.ws = torch.empty((parts + groups) * PARTIAL_FLOATS, device=device)
+        self.counter = torch.zeros(1 + groups, dtype=torch.int32, device=device)
+
+    def pointers(
+        self,
+        out_token: torch.Tensor,
+        out_logprob: torch.Tensor,
+        token: torch.Tensor | None = None,
+        advance: torch.Tensor | None = None,
+    ) -> PickPointers | None:
+        """The kernel's view of one pick's outputs (one row; rules as CudaGreedy.run's), or
+        None where a pinned output is not mapped for the device (then the lm_head and
+        CudaGreedy.run, which copies, stay separate)."""
+        g = self.greedy
+        if token is not None:
+            _check_out("token", token, torch.int64, 1, g.device)
+            if token.device != g.device:
+                raise ValueError(f"greedy: token must be on {g.device}")
+        _check_out("out_token", out_token, torch.int64, 1, g.device)
+        _check_out("out_logprob", out_logprob, torch.float32, 1, g.device)
+        if advance is not None:
+            _check_out("advance", advance, torch.int64, 1, g.device)
+            if advance.device != g.device:
+                raise ValueError(f"greedy: advance must be on {g.device}")
+        tok_addr, lp_addr = g.address(out_token), g.address(out_logprob)
+        if tok_addr is None or lp_addr is None:
+            return None
+        return PickPointers(
+            self.ws.data_ptr(), self.parts, self.counter.data_ptr(), driver.ptr(token),
+            tok_addr, lp_addr, driver.ptr(advance), g.sys_fence,
+        )  # fmt: skip
 
 
 def cuda_greedy(vocab: int, max_rows: int, device: torch.device) -> CudaGreedy | None:

@@ -37,7 +37,7 @@
 // Epilogues: plain (+bias), residual add in place, SiLU(gate) * up (the "glu"
 // packing puts gate channels 8i..8i+7 on tile rows 0-7 and up channels on 8-15),
 // and plain output of a glu-packed weight in [gate | up] order.
-#include "common.cuh"
+#include "pick.cuh"
 
 struct W4Args {
   const uint4* qw;
@@ -64,7 +64,29 @@ struct W4Args {
   float eps;
 };
 
+// The greedy pick fused into a one-row plain epilogue (the decode step's lm_head): the
+// `_pick` kernels take W4PickArgs. Each finishing block merges its logits' argmax and
+// logsumexp into ws and the last writes the token (pick.cuh). Kept out of W4Args: a
+// larger parameter struct changes the code ptxas makes for every other launch.
+struct PickPtrs {
+  float* ws;              // [gridDim.x + groups][8] partials (groups: of PICK_GROUP blocks)
+  int* counter;           // [1 + groups], zero between launches
+  long long* token;       // int64 or null: the next step's input, on the device
+  long long* out_token;   // int64: mapped pinned host memory or a device buffer
+  float* out_logprob;
+  long long* advance;     // int64 or null: the decode position
+  int sys_fence;
+};
+
+struct W4PickArgs {
+  W4Args w;
+  PickPtrs p;
+};
+
 enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_GLU = 2, EPI_GLU_PLAIN = 3 };
+// The fused pick's first-level groups (pick.cuh): blocks of tiles merged per group
+// before the groups are (greedy.py's FusedPick sizes its workspace and counters by it).
+constexpr int PICK_GROUP = 64;
 
 NIB_DEVICE void dequant8(u32 q, u32 (&a)[4]) {
   const u32 LO = 0x000f000fu, HI = 0x00f000f0u, EX = 0x64006400u;
@@ -162,8 +184,11 @@ struct LanePairs {
 // The epilogue for one lane's pair of values: rows rr0 = g and g + 8 of tile t, for
 // batch row b. v0/v1 are the finished fp32 sums; `op` the pair's bias and residual when
 // `early` (read ahead), else they are read here.
+// KEEP (the fused pick): the two values as stored, into *out0 / *out1.
+template <bool KEEP = false>
 NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, float v1,
-                            const PairOperands& op, bool early) {
+                            const PairOperands& op, bool early, float* out0 = nullptr,
+                            float* out1 = nullptr) {
   if (b >= a.m) return;
   const bool ybf = a.y_bf16 != 0;
   const size_t yrow = (size_t)b * a.y_stride;
@@ -185,6 +210,10 @@ NIB_DEVICE void finish_pair(const W4Args& a, int t, int g, int b, float v0, floa
   }
   store_act(a.y, yrow + r0, v0, ybf);
   store_act(a.y, yrow + r1, v1, ybf);
+  if constexpr (KEEP) {
+    *out0 = round_act(v0, ybf);  // as stored: what a pick over y would read
+    *out1 = round_act(v1, ybf);
+  }
 }
 
 // What every block of a launch agrees on: its tiles, its K slice, its lane's place.
@@ -349,9 +378,10 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
 
 // Sum the warps' accumulators (shared memory), then split-K (partials + the last block
 // of a tile group finishes) and the epilogue.
-template <int MT, int R, int WARPS, bool CL>
+template <int MT, int R, int WARPS, bool CL, bool PICK>
 NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (&acc)[R][MT][4],
-                                  float* red, float* scratch, const LanePairs<MT, R, WARPS>& ops) {
+                                  float* red, float* scratch, const LanePairs<MT, R, WARPS>& ops,
+                                  const PickPtrs* pk = nullptr) {
   constexpr int FRAG = R * MT * 4;
   const int lane = b.lane;
   const int warp = WARPS > 1 ? b.warp : 0;
@@ -455,23 +485,53 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
     }
     if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
   }
+  if constexpr (!PICK) {
 #pragma unroll
-  for (int q = 0; q < MINE; ++q) {
-    const int pair = warp + q * WARPS;
-    if (pair < PAIRS) {
-      const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
-      using Ops = LanePairs<MT, R, WARPS>;
-      finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1],
-                  ops.op[Ops::EARLY ? q : 0], Ops::EARLY);
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = warp + q * WARPS;
+      if (pair < PAIRS) {
+        const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
+        using Ops = LanePairs<MT, R, WARPS>;
+        finish_pair(a, b.tile0 + r, b.g, 2 * b.t4 + e + 8 * mt, fin[q][0], fin[q][1],
+                    ops.op[Ops::EARLY ? q : 0], Ops::EARLY);
+      }
     }
+  } else {
+    Best pick = empty_best();
+#pragma unroll
+    for (int q = 0; q < MINE; ++q) {
+      const int pair = warp + q * WARPS;
+      if (pair < PAIRS) {
+        const int r = pair / (MT * 2), mt = (pair >> 1) % MT, e = pair & 1;
+        const int row = 2 * b.t4 + e + 8 * mt;
+        using Ops = LanePairs<MT, R, WARPS>;
+        float y0 = 0.f, y1 = 0.f;
+        finish_pair<true>(a, b.tile0 + r, b.g, row, fin[q][0], fin[q][1],
+                          ops.op[Ops::EARLY ? q : 0], Ops::EARLY, &y0, &y1);
+        if (row == 0) {  // one row, plain epilogue (w4a16.py checks)
+          const int o0 = (b.tile0 + r) * 16 + b.g;
+          pick = merge(pick, merge(best_of(y0, y0, o0), best_of(y1, y1, o0 + 8)));
+        }
+      }
+    }
+    // The warps' accumulators in `red` were all read before the split-K merge or, with
+    // one split, before this barrier: it holds the block's merge now.
+    __syncthreads();
+    Best* picks = reinterpret_cast<Best*>(red);
+    pick = block_merge(pick, picks);
+    const PickOut out{pk->token, pk->out_token, pk->out_logprob, pk->advance, pk->sys_fence};
+    const bool ybf = a.y_bf16 != 0;
+    pick_across_blocks<PICK_GROUP>(pick, pk->ws, pk->counter, blockIdx.x, gridDim.x, out, 0,
+                       [&] { return act2f(*reinterpret_cast<volatile const u16*>(a.y), ybf); },
+                       picks);
   }
 }
 
 // Register pipeline: each warp keeps PF groups of its loads in flight in registers.
 extern __shared__ __align__(128) unsigned char smem[];
 
-template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false>
-NIB_DEVICE void w4a16_body(const W4Args& a) {
+template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false, bool PICK = false>
+NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
   NIB_TRACE_BLOCK(NIB_KIND_W4A16);
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
@@ -526,15 +586,15 @@ NIB_DEVICE void w4a16_body(const W4Args& a) {
     }
   }
   NIB_TRACE_MARK(1);  // this warp's weights consumed
-  reduce_and_finish<MT, R, WARPS, CL>(a, b, acc, red, scratch, ops);
+  reduce_and_finish<MT, R, WARPS, CL, PICK>(a, b, acc, red, scratch, ops, pk);
 }
 
 // Bulk-copy pipeline (sm_90): one thread streams each step's weights (WARPS groups of
 // R tiles, contiguous per tile) and scales into NS shared-memory stages with
 // cp.async.bulk, completing on an mbarrier per stage; warp w computes group w of a
 // step. In flight per block: up to NS x R x WARPS KB without holding registers.
-template <int MT, int R, int WARPS, int NS, bool SMEM_X>
-NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
+template <int MT, int R, int WARPS, int NS, bool SMEM_X, bool PICK = false>
+NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 #if __CUDA_ARCH__ >= 900
   NIB_TRACE_BLOCK(NIB_KIND_W4A16_BULK);
   constexpr int FRAG = R * MT * 4;
@@ -602,7 +662,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a) {
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
   NIB_TRACE_MARK(1);  // every stage consumed
-  reduce_and_finish<MT, R, WARPS, false>(a, b, acc, red, scratch, ops);
+  reduce_and_finish<MT, R, WARPS, false, PICK>(a, b, acc, red, scratch, ops, pk);
 #else
   __trap();  // w4a16.py launches these on sm_90 and newer only
 #endif
@@ -673,6 +733,23 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
       w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_##TAG##b(const W4Args a) {                    \
     w4a16_bulk_body<MT, R, WARPS, NS, SMEM>(a);                                             \
   }
+// The same one-row launches with the greedy pick in the epilogue (pick.cuh): separate
+// instantiations, so that every other launch compiles exactly as without it.
+#define W4_PICK_KERNEL(R, WARPS, PF)                                                        \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m1_r##R##_w##WARPS##_p##PF##_s_pick(const W4PickArgs a) {                       \
+    w4a16_body<1, R, WARPS, PF, true, false, true>(a.w, &a.p);                              \
+  }
+#define W4_PICK_CLUSTER_KERNEL(R, WARPS, PF)                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m1_r##R##_w##WARPS##_p##PF##_sc_pick(const W4PickArgs a) {                      \
+    w4a16_body<1, R, WARPS, PF, true, true, true>(a.w, &a.p);                               \
+  }
+#define W4_PICK_BULK_KERNEL(R, WARPS, NS)                                                   \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m1_r##R##_w##WARPS##_n##NS##_sb_pick(const W4PickArgs a) {                      \
+    w4a16_bulk_body<1, R, WARPS, NS, true, true>(a.w, &a.p);                                \
+  }
 
 // One row (decode): activations staged in shared memory.
 W4_KERNEL(1, 1, 4, 4, true, s)
@@ -719,3 +796,29 @@ W4_CLUSTER_KERNEL(1, 1, 4, 4, false, g)
 W4_CLUSTER_KERNEL(2, 1, 4, 4, false, g)
 W4_CLUSTER_KERNEL(1, 2, 4, 2, false, g)
 W4_CLUSTER_KERNEL(2, 2, 4, 2, false, g)
+// One row with the greedy pick fused (the lm_head of a greedy decode step): every
+// one-row shape, since start-up may time any of them for the lm_head.
+W4_PICK_KERNEL(1, 4, 4)
+W4_PICK_KERNEL(1, 4, 2)
+W4_PICK_KERNEL(1, 4, 3)
+W4_PICK_KERNEL(1, 8, 4)
+W4_PICK_KERNEL(1, 8, 2)
+W4_PICK_KERNEL(2, 4, 2)
+W4_PICK_KERNEL(2, 4, 4)
+W4_PICK_KERNEL(2, 8, 2)
+W4_PICK_KERNEL(4, 4, 2)
+W4_PICK_KERNEL(1, 12, 6)
+W4_PICK_KERNEL(1, 16, 4)
+W4_PICK_KERNEL(1, 16, 6)
+W4_PICK_BULK_KERNEL(1, 4, 4)
+W4_PICK_BULK_KERNEL(1, 4, 6)
+W4_PICK_BULK_KERNEL(1, 8, 3)
+W4_PICK_BULK_KERNEL(2, 4, 3)
+W4_PICK_BULK_KERNEL(2, 4, 4)
+W4_PICK_BULK_KERNEL(4, 4, 2)
+W4_PICK_BULK_KERNEL(1, 16, 3)
+W4_PICK_BULK_KERNEL(1, 16, 5)
+W4_PICK_CLUSTER_KERNEL(1, 4, 4)
+W4_PICK_CLUSTER_KERNEL(1, 8, 2)
+W4_PICK_CLUSTER_KERNEL(1, 8, 4)
+W4_PICK_CLUSTER_KERNEL(2, 4, 2)

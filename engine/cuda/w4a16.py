@@ -177,7 +177,15 @@ def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
     return not cfg.bulk or capability >= BULK_CAPABILITY
 
 
-def kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
+def kernel_name(mt: int, cfg: W4Config, staged: bool, pick: bool = False) -> str:
+    """The instantiation that runs cfg; `pick`: its twin with the greedy pick fused (one
+    staged row only)."""
+    if pick and (mt != 1 or not staged):
+        raise ValueError("w4a16: the fused pick takes one staged row")
+    return _kernel_name(mt, cfg, staged) + ("_pick" if pick else "")
+
+
+def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
     elif cfg.cluster:
@@ -214,6 +222,38 @@ class W4Args(ctypes.Structure):
         ("norm", ctypes.c_int), ("x_bf16", ctypes.c_int), ("y_bf16", ctypes.c_int),
         ("eps", ctypes.c_float),
     ]  # fmt: skip
+
+
+class PickPtrs(ctypes.Structure):
+    _fields_ = [
+        ("ws", ctypes.c_void_p), ("counter", ctypes.c_void_p), ("token", ctypes.c_void_p),
+        ("out_token", ctypes.c_void_p), ("out_logprob", ctypes.c_void_p),
+        ("advance", ctypes.c_void_p), ("sys_fence", ctypes.c_int),
+    ]  # fmt: skip
+
+
+class W4PickArgs(ctypes.Structure):
+    """The `_pick` kernels' parameter: W4Args, then where the fused pick goes."""
+
+    _fields_ = [("w", W4Args), ("p", PickPtrs)]
+
+
+@dataclass(frozen=True)
+class PickPointers:
+    """Where a one-row plain launch puts the greedy pick of its outputs (pick.cuh, fused
+    into the epilogue): `ws` holds `parts` partials of 8 floats (one per block of tiles,
+    so at least tiles / r), `counter` one int32 that is zero between launches, the rest
+    as engine/cuda/greedy.py's kernel takes them (0: none). engine/cuda/greedy.py's
+    FusedPick makes them."""
+
+    ws: int
+    parts: int
+    counter: int
+    token: int
+    out_token: int
+    out_logprob: int
+    advance: int
+    sys_fence: bool
 
 
 class DequantArgs(ctypes.Structure):
@@ -323,8 +363,10 @@ class CudaInt4:
         norm_weight: torch.Tensor | None = None,
         eps: float = 0.0,
         res: torch.Tensor | None = None,
+        pick: PickPointers | None = None,
     ) -> None:
-        """y = epilogue(W x) for m rows of x (m = 1: fp16/bf16 x, else fp16 [m, K])."""
+        """y = epilogue(W x) for m rows of x (m = 1: fp16/bf16 x, else fp16 [m, K]); with
+        `pick`, the greedy pick of y (one row, plain epilogue) in the same launch."""
         staged = m == 1
         mt = 2 if m > 8 else 1
         cfg = self.effective(cfg, m)
@@ -334,7 +376,15 @@ class CudaInt4:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (bulk copies)")
         if cfg.cluster and self.capability < CLUSTER_CAPABILITY:
             raise ValueError(f"{self.name}: {cfg.label()} needs sm_90 (thread-block clusters)")
-        kernel = self._module.get().kernel(kernel_name(mt, cfg, staged))
+        if pick is not None:
+            if m != 1 or epi != EPI_PLAIN:
+                raise ValueError(f"{self.name}: the fused pick takes one row, plain epilogue")
+            if self.tiles // cfg.r > pick.parts:
+                raise ValueError(
+                    f"{self.name}: {cfg.label()} has {self.tiles // cfg.r} blocks of tiles; "
+                    f"the pick's workspace holds {pick.parts}"
+                )
+        kernel = self._module.get().kernel(kernel_name(mt, cfg, staged, pick is not None))
         groups = self.k // GROUP_SIZE
         per_split = -(-groups // cfg.splits)
         ws = counters = None
@@ -356,9 +406,18 @@ class CudaInt4:
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
+        params: ctypes.Structure = args
+        if pick is not None:
+            params = W4PickArgs(
+                args,
+                PickPtrs(
+                    pick.ws, pick.counter, pick.token, pick.out_token, pick.out_logprob,
+                    pick.advance, int(pick.sys_fence),
+                ),
+            )  # fmt: skip
         grid = (self.tiles // cfg.r, cfg.splits)
         cluster = (1, cfg.splits, 1) if cfg.cluster else None
-        kernel.launch(grid, (cfg.warps * 32,), args, shared, pdl=self.pdl, cluster=cluster)
+        kernel.launch(grid, (cfg.warps * 32,), params, shared, pdl=self.pdl, cluster=cluster)
 
     # -- what Int4Linear calls -------------------------------------------------------
 
@@ -383,12 +442,23 @@ class CudaInt4:
         return y.view(*shape[:-1], self.n)
 
     def norm(
-        self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, cfg: W4Config | None = None
+        self,
+        h: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        cfg: W4Config | None = None,
+        pick: PickPointers | None = None,
     ) -> torch.Tensor:
-        """One row: W rms_norm(h) * norm_weight, or silu(gate) * up for a glu packing."""
+        """One row: W rms_norm(h) * norm_weight, or silu(gate) * up for a glu packing; with
+        `pick` (not glu), the greedy pick of the result in the same launch."""
         y = torch.empty(self.out_features, dtype=h.dtype, device=h.device)
         epi = EPI_GLU if self.glu else EPI_PLAIN
-        self.run(h.reshape(-1), y, 1, cfg or self.one_row, epi, norm_weight.reshape(-1), eps)
+        if pick is not None and self.glu:
+            raise ValueError(f"{self.name}: the fused pick needs a plain packing, not glu")
+        self.run(
+            h.reshape(-1), y, 1, cfg or self.one_row, epi, norm_weight.reshape(-1), eps,
+            pick=pick,
+        )  # fmt: skip
         return y.view(*h.shape[:-1], self.out_features)
 
     def residual(

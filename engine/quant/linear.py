@@ -100,14 +100,18 @@ class Int4Linear(nn.Module):
         return None if self.m1 is None else str(self.m1.label())
 
     def norm_forward(
-        self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool
+        self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool, pick: Any = None
     ) -> torch.Tensor:
-        """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu."""
+        """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu.
+        `pick` (engine/cuda/w4a16.py PickPointers; the CUDA kernel only): the greedy
+        pick of the result in the same launch."""
         if self.cuda is not None:
             if glu != self.cuda.glu:
                 raise ValueError(f"{self.name}: packed for fusion {self.fusion!r}, not glu={glu}")
-            out: torch.Tensor = self.cuda.norm(h, norm_weight, eps)
+            out: torch.Tensor = self.cuda.norm(h, norm_weight, eps, pick=pick)
             return out
+        if pick is not None:
+            raise ValueError(f"{self.name}: the fused pick needs the CUDA INT4 kernel")
         from nib.engine.quant.fused_gemv import norm_gemv
 
         return norm_gemv(

@@ -90,6 +90,10 @@ def test_self_check_passes_on_every_int4_path(int4: Engine) -> None:
     fused = {c.path.split()[-1] for c in int4_checks if c.path.split()[1] == batch1}
     assert {"+norm", "+norm_glu", "+residual"} <= fused, fused
     assert all(c.error <= c.tolerance for c in int4_checks)
+    from nib.engine.kernel_paths import PICK_FUSED
+
+    # The decode graphs keep the pick a kernel of its own by default: nothing fused to check.
+    assert not [c for c in report.checks if c.path == PICK_FUSED]
     linear = [p for p in int4.kernel_paths if p.op == "linear"]
     assert linear and all(p.kernel.startswith("int4 ") for p in linear)
     assert all(p.graphs for p in linear)

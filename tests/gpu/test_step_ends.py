@@ -26,3 +26,19 @@ def test_both_variants_are_timed_and_nibs_has_one_kernel_fewer(tmp_path: Path) -
     for r in by.values():
         assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0
     assert set(result["saved_us"]) == {"tiny-llama int4"}
+
+
+def test_fused_pick_bench_times_both_and_the_fused_step_has_one_kernel_fewer(
+    tmp_path: Path,
+) -> None:
+    """bench/fused_pick.py: the greedy kernel is gone from the step with the pick fused."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    args = ["--shapes", "tiny-llama", "--rounds", "1"]
+    result = run_bench("fused_pick.py", args, tmp_path, "fused-pick")
+    by = {r["variant"]: r for r in result["rows"]}
+    assert set(by) == {"separate-pick", "fused-pick"}
+    assert by["fused-pick"]["kernels_per_step"] == by["separate-pick"]["kernels_per_step"] - 1
+    for r in by.values():
+        assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0
+    assert set(result["saved_us"]) == {"tiny-llama"}

@@ -30,12 +30,14 @@ from nib.engine.cuda.attention import RopeAttnArgs  # noqa: E402
 from nib.engine.cuda.embed import EmbedArgs  # noqa: E402
 from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
 from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
-from nib.engine.cuda.w4a16 import DequantArgs, W4Args  # noqa: E402
+from nib.engine.cuda.w4a16 import DequantArgs, PickPtrs, W4Args, W4PickArgs  # noqa: E402
 
 STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("gemv16.cu", "G16Args", G16Args),
     ("w4a16.cu", "W4Args", W4Args),
     ("w4a16.cu", "DequantArgs", DequantArgs),
+    ("w4a16.cu", "PickPtrs", PickPtrs),
+    ("w4a16.cu", "W4PickArgs", W4PickArgs),
     ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
     ("greedy.cu", "GreedyArgs", GreedyArgs),
     ("embed.cu", "EmbedArgs", EmbedArgs),

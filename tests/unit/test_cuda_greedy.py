@@ -26,6 +26,7 @@ from nib.engine.cuda import build
 from nib.engine.cuda.greedy import (
     MAX_BLOCKS,
     PARTIAL_FLOATS,
+    PICK_GROUP,
     THREADS,
     VECTORS_PER_THREAD,
     GreedyArgs,
@@ -62,7 +63,10 @@ def test_struct_and_constants_match_the_source() -> None:
     assert GreedyArgs.sys_fence.offset == 76 and ctypes.sizeof(GreedyArgs) == 80
     assert f"constexpr int THREADS = {THREADS};" in text
     assert f"constexpr int VPT = {VECTORS_PER_THREAD};" in text
-    assert f"* {PARTIAL_FLOATS})" in text  # the partials' stride in the workspace
+    pick = (SOURCE.parent / "pick.cuh").read_text()  # the partials' stride in the workspace
+    assert f"constexpr int PICK_PARTIAL_FLOATS = {PARTIAL_FLOATS};" in pick
+    w4 = (SOURCE.parent / "w4a16.cu").read_text()  # the fused pick's groups
+    assert f"constexpr int PICK_GROUP = {PICK_GROUP};" in w4
 
 
 def test_blocks_per_row() -> None:
@@ -311,6 +315,19 @@ def test_kernel_paths_name_the_greedy_kernel() -> None:
     assert _greedy_kernel(SimpleNamespace(greedy=None)) == "torch argmax"  # type: ignore[arg-type]
     runner = SimpleNamespace(greedy=SimpleNamespace(label="cuda greedy argmax+logprob"))
     assert _greedy_kernel(runner) == "cuda greedy argmax+logprob"  # type: ignore[arg-type]
+
+
+def test_kernel_paths_name_the_fused_pick_where_the_decode_graphs_ran_it() -> None:
+    from nib.engine.kernel_paths import PICK_FUSED, _greedy_paths
+
+    greedy = SimpleNamespace(label="cuda greedy argmax+logprob")
+    apart = _greedy_paths(SimpleNamespace(greedy=greedy, pick_fused=False))  # type: ignore[arg-type]
+    assert [(p.kernel, p.graphs) for p in apart] == [(greedy.label, "*-greedy; verify")]
+    fused = _greedy_paths(SimpleNamespace(greedy=greedy, pick_fused=True))  # type: ignore[arg-type]
+    assert [(p.kernel, p.graphs) for p in fused] == [
+        (PICK_FUSED, "decode-greedy"),
+        (greedy.label, "prefill/chunk-greedy; verify"),
+    ]
 
 
 def test_the_self_check_case_plants_ties_and_catches_a_wrong_token() -> None:

@@ -75,7 +75,8 @@ def test_an_incomplete_launch_is_reported_not_hidden(st) -> None:  # type: ignor
 
 
 def test_roles_name_the_step_when_the_count_fits_and_fall_back_to_labels(st) -> None:  # type: ignore[no-untyped-def]
-    inst = [st.Instance("m", 1, 4, 128) for _ in range(5 * 2 + 2)]
+    pick = st.Instance("g", 5, 8, 256)
+    inst = [st.Instance("m", 1, 4, 128) for _ in range(5 * 2 + 1)] + [pick]
     names = st.roles(inst, layers=2)
     assert names[:6] == ["qkv", "attention", "o_proj", "gate_up", "down", "qkv"]
     assert names[-2:] == ["lm_head", "greedy"]
@@ -83,6 +84,12 @@ def test_roles_name_the_step_when_the_count_fits_and_fall_back_to_labels(st) -> 
     # With nib's embedding kernel first, one more launch: named too.
     names = st.roles([st.Instance("e", 6, 1, 256), *inst], layers=2)
     assert names[:3] == ["embed", "qkv", "attention"] and names[-2:] == ["lm_head", "greedy"]
+    # The pick folded into the lm_head: the step ends with it, as many kernels as an
+    # embedding lookup and a separate pick would be without the first: the kinds decide.
+    fused = [st.Instance("e", 6, 1, 256), *inst[:-1]]
+    names = st.roles(fused, layers=2)
+    assert names[0] == "embed" and names[-2:] == ["down", "lm_head"]
+    assert st.roles(inst, layers=2)[0] == "qkv"  # same count, no embedding kernel first
     assert st.Instance("e", 6, 1, 256).label == "embed 1x256"
 
 

@@ -73,3 +73,24 @@ def test_a_second_pass_holds_on_to_the_first_pass_choice_within_the_noise() -> N
     times["first"] = 90.0 * (1 - NOISE / 2)  # now a hair faster, within the noise
     descend([knob], lambda: times[state["a"]])  # type: ignore[index]
     assert state["a"] == "second" and knob.chosen == 1
+
+
+def test_the_pick_knob_is_offered_only_where_the_pick_can_be_fused() -> None:
+    from types import SimpleNamespace
+
+    from nib.engine.step_tuning import _pick_knob
+
+    runner = SimpleNamespace(fuse_pick=False, tune_pick=True, pick_fusable=lambda: True)
+    (knob,) = _pick_knob(runner)
+    assert knob.options == [False, True]  # the current place first: the default to beat
+    knob.apply(True)
+    assert runner.fuse_pick is True
+    assert [knob.label(o) for o in knob.options] == ["separate kernel", "fused into the lm_head"]
+    off = SimpleNamespace(fuse_pick=False, tune_pick=True, pick_fusable=lambda: False)
+    assert _pick_knob(off) == []
+    assert _pick_knob(SimpleNamespace(fuse_pick=False)) == []  # a runner without the pick
+    # Not asked for (the default: on the H200 the fused pick measured slower).
+    assert (
+        _pick_knob(SimpleNamespace(fuse_pick=False, tune_pick=False, pick_fusable=lambda: True))
+        == []
+    )
