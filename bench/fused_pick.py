@@ -65,13 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += pair
         median = {str(r["variant"]): float(r["step_us_median"]) for r in pair}  # type: ignore[arg-type]
         saved[shape] = median["separate-pick"] - median["fused-pick"]
-        for r in pair:
-            print(
-                f"   {r['variant']:13s} {r['step_us_median']:8.1f} us/step "
-                f"({r['kernels_per_step']} kernels), rounds "
-                + " ".join(f"{t:.1f}" for t in r["step_us_rounds"]),  # type: ignore[attr-defined]
-                flush=True,
-            )
+        step_ends.print_rows(pair)
         if args.out:  # what has been measured survives a later row's failure
             write_result(args.out, "fused-pick", "fused_pick.py", {"rows": rows, "saved_us": saved})
     print("| shape (INT4) | separate pick µs | fused pick µs | saved µs | kernels a step |")

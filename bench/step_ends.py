@@ -100,6 +100,17 @@ def measure(
     return rows
 
 
+def print_rows(rows: list[dict[str, object]]) -> None:
+    """A line per variant: its median, kernels a step and every round."""
+    for r in rows:
+        print(
+            f"   {r['variant']:13s} {r['step_us_median']:8.1f} us/step "
+            f"({r['kernels_per_step']} kernels), rounds "
+            + " ".join(f"{t:.1f}" for t in r["step_us_rounds"]),  # type: ignore[attr-defined]
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,13 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += pair
             median = {str(r["variant"]): float(r["step_us_median"]) for r in pair}  # type: ignore[arg-type]
             saved[f"{shape} {fmt}"] = median["pytorch-ends"] - median["nib-ends"]
-            for r in pair:
-                print(
-                    f"   {r['variant']:13s} {r['step_us_median']:8.1f} us/step "
-                    f"({r['kernels_per_step']} kernels), rounds "
-                    + " ".join(f"{t:.1f}" for t in r["step_us_rounds"]),  # type: ignore[attr-defined]
-                    flush=True,
-                )
+            print_rows(pair)
             if args.out:  # what has been measured survives a later row's failure
                 write_result(
                     args.out, "step-ends", "step_ends.py", {"rows": rows, "saved_us": saved}
