@@ -87,14 +87,11 @@ class PickingHead:
         eps: float,
         linear: torch.nn.Module,
     ) -> torch.Tensor | None:
-        packed = linear.cuda if isinstance(linear, Int4Linear) else None
-        if (
-            pending is not None
-            or packed is None
-            or packed.fusion != "norm"
-            or linear.use_reference
-            or residual.numel() != packed.k
-        ):
+        # The runner made this head only where pick_fusable() holds (the lm_head is the
+        # CUDA INT4 kernel with the norm fused): what is left is the step's own state.
+        assert isinstance(linear, Int4Linear) and linear.cuda is not None
+        packed = linear.cuda
+        if pending is not None or linear.use_reference or residual.numel() != packed.k:
             return None
         r = self.runner
         assert r.greedy is not None

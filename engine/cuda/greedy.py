@@ -22,7 +22,7 @@ import logging
 import torch
 
 from nib.engine.cuda import build, driver
-from nib.engine.cuda.w4a16 import PickPointers
+from nib.engine.cuda.w4a16 import PickPtrs
 
 log = logging.getLogger("nib.engine")
 
@@ -92,6 +92,18 @@ def check_call(
         or bias.device != device
     ):
         raise ValueError(f"greedy: bias must be a contiguous fp32 [{vocab}] tensor on {device}")
+    check_outputs(rows, device, token, out_token, out_logprob, advance)
+
+
+def check_outputs(
+    rows: int,
+    device: torch.device,
+    token: torch.Tensor | None,
+    out_token: torch.Tensor,
+    out_logprob: torch.Tensor,
+    advance: torch.Tensor | None,
+) -> None:
+    """Where a pick's results go, for `rows` rows (the kernel's and the fused pick's rules)."""
     if token is not None:
         _check_out("token", token, torch.int64, rows, device)
         if token.device != device:
@@ -225,27 +237,18 @@ class FusedPick:
         out_logprob: torch.Tensor,
         token: torch.Tensor | None = None,
         advance: torch.Tensor | None = None,
-    ) -> PickPointers | None:
+    ) -> PickPtrs | None:
         """The kernel's view of one pick's outputs (one row; rules as CudaGreedy.run's), or
         None where a pinned output is not mapped for the device (then the lm_head and
         CudaGreedy.run, which copies, stay separate)."""
         g = self.greedy
-        if token is not None:
-            _check_out("token", token, torch.int64, 1, g.device)
-            if token.device != g.device:
-                raise ValueError(f"greedy: token must be on {g.device}")
-        _check_out("out_token", out_token, torch.int64, 1, g.device)
-        _check_out("out_logprob", out_logprob, torch.float32, 1, g.device)
-        if advance is not None:
-            _check_out("advance", advance, torch.int64, 1, g.device)
-            if advance.device != g.device:
-                raise ValueError(f"greedy: advance must be on {g.device}")
+        check_outputs(1, g.device, token, out_token, out_logprob, advance)
         tok_addr, lp_addr = g.address(out_token), g.address(out_logprob)
         if tok_addr is None or lp_addr is None:
             return None
-        return PickPointers(
-            self.ws.data_ptr(), self.parts, self.counter.data_ptr(), driver.ptr(token),
-            tok_addr, lp_addr, driver.ptr(advance), g.sys_fence,
+        return PickPtrs(
+            self.ws.data_ptr(), self.counter.data_ptr(), driver.ptr(token), tok_addr,
+            lp_addr, driver.ptr(advance), int(g.sys_fence), self.parts,
         )  # fmt: skip
 
 

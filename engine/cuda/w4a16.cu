@@ -76,6 +76,7 @@ struct PickPtrs {
   float* out_logprob;
   long long* advance;     // int64 or null: the decode position
   int sys_fence;
+  int parts;              // partials ws holds (w4a16.py checks the launch against it)
 };
 
 struct W4PickArgs {

@@ -225,10 +225,15 @@ class W4Args(ctypes.Structure):
 
 
 class PickPtrs(ctypes.Structure):
+    """Where a one-row plain launch puts the greedy pick of its outputs (pick.cuh, fused
+    into the epilogue): `ws` holds `parts` partials of 8 floats and more for their groups,
+    `counter` zeros between launches, the rest as engine/cuda/greedy.py's kernel takes
+    them (0: none). engine/cuda/greedy.py's FusedPick makes them."""
+
     _fields_ = [
         ("ws", ctypes.c_void_p), ("counter", ctypes.c_void_p), ("token", ctypes.c_void_p),
         ("out_token", ctypes.c_void_p), ("out_logprob", ctypes.c_void_p),
-        ("advance", ctypes.c_void_p), ("sys_fence", ctypes.c_int),
+        ("advance", ctypes.c_void_p), ("sys_fence", ctypes.c_int), ("parts", ctypes.c_int),
     ]  # fmt: skip
 
 
@@ -236,24 +241,6 @@ class W4PickArgs(ctypes.Structure):
     """The `_pick` kernels' parameter: W4Args, then where the fused pick goes."""
 
     _fields_ = [("w", W4Args), ("p", PickPtrs)]
-
-
-@dataclass(frozen=True)
-class PickPointers:
-    """Where a one-row plain launch puts the greedy pick of its outputs (pick.cuh, fused
-    into the epilogue): `ws` holds `parts` partials of 8 floats (one per block of tiles,
-    so at least tiles / r), `counter` one int32 that is zero between launches, the rest
-    as engine/cuda/greedy.py's kernel takes them (0: none). engine/cuda/greedy.py's
-    FusedPick makes them."""
-
-    ws: int
-    parts: int
-    counter: int
-    token: int
-    out_token: int
-    out_logprob: int
-    advance: int
-    sys_fence: bool
 
 
 class DequantArgs(ctypes.Structure):
@@ -363,7 +350,7 @@ class CudaInt4:
         norm_weight: torch.Tensor | None = None,
         eps: float = 0.0,
         res: torch.Tensor | None = None,
-        pick: PickPointers | None = None,
+        pick: PickPtrs | None = None,
     ) -> None:
         """y = epilogue(W x) for m rows of x (m = 1: fp16/bf16 x, else fp16 [m, K]); with
         `pick`, the greedy pick of y (one row, plain epilogue) in the same launch."""
@@ -406,15 +393,7 @@ class CudaInt4:
             int(norm_weight is not None), int(x.dtype == torch.bfloat16),
             int(y.dtype == torch.bfloat16), eps,
         )  # fmt: skip
-        params: ctypes.Structure = args
-        if pick is not None:
-            params = W4PickArgs(
-                args,
-                PickPtrs(
-                    pick.ws, pick.counter, pick.token, pick.out_token, pick.out_logprob,
-                    pick.advance, int(pick.sys_fence),
-                ),
-            )  # fmt: skip
+        params: ctypes.Structure = args if pick is None else W4PickArgs(args, pick)
         grid = (self.tiles // cfg.r, cfg.splits)
         cluster = (1, cfg.splits, 1) if cfg.cluster else None
         kernel.launch(grid, (cfg.warps * 32,), params, shared, pdl=self.pdl, cluster=cluster)
@@ -447,7 +426,7 @@ class CudaInt4:
         norm_weight: torch.Tensor,
         eps: float,
         cfg: W4Config | None = None,
-        pick: PickPointers | None = None,
+        pick: PickPtrs | None = None,
     ) -> torch.Tensor:
         """One row: W rms_norm(h) * norm_weight, or silu(gate) * up for a glu packing; with
         `pick` (not glu), the greedy pick of the result in the same launch."""

@@ -103,7 +103,7 @@ class Int4Linear(nn.Module):
         self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float, glu: bool, pick: Any = None
     ) -> torch.Tensor:
         """The fused kernel: self(rms_norm(h) * norm_weight), silu(gate) * up with glu.
-        `pick` (engine/cuda/w4a16.py PickPointers; the CUDA kernel only): the greedy
+        `pick` (engine/cuda/w4a16.py PickPtrs; the CUDA kernel only): the greedy
         pick of the result in the same launch."""
         if self.cuda is not None:
             if glu != self.cuda.glu:
