@@ -61,12 +61,9 @@ def measure(
     variants: tuple[str, ...] = VARIANTS,
     setter: Callable[[object, str, object], None] = set_variant,
     final: str = "nib-ends",
-    needs: str = "",
 ) -> list[dict[str, object]]:
     """Rows of `variants` (setter(runner, variant, nib's embedding) applies one), timed
-    alternating for `rounds` rounds on one tuned runner; `final` is applied last. With
-    `needs`, no rows where the runner's attribute of that name is None (a kernel that
-    does not apply to the shape)."""
+    alternating for `rounds` rounds on one tuned runner; `final` is applied last."""
     import decode  # bench/decode.py: the same model builder and kernels
     from step_timeline import TEST_SHAPES  # tiny-llama, for tests/gpu
 
@@ -77,12 +74,6 @@ def measure(
     embed = runner.embed
     if embed is None or runner.greedy is None:
         raise SystemExit("this bench needs nib's CUDA kernels (embedding and greedy pick)")
-    if needs and getattr(runner, needs) is None:
-        print(f"   {needs}: {getattr(runner, needs + '_why', '')}", flush=True)
-        del runner
-        gc.collect()
-        torch.cuda.empty_cache()
-        return []
     times: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for variant in variants:

@@ -38,7 +38,6 @@ from functools import partial
 import torch
 
 from nib.engine.cuda.attention import for_model as fused_for_model
-from nib.engine.cuda.attention_oproj import FusedAttentionOproj, oproj_for_model
 from nib.engine.cuda.embed import cuda_embedding
 from nib.engine.cuda.greedy import FusedPick, cuda_greedy
 from nib.engine.device_sampling import DeviceSampler
@@ -163,24 +162,7 @@ class GraphRunner:
         )  # fmt: skip
         if self.fused_attention is None:
             log.info("decode attention: triton rope_cache + split-K (%s)", self.fused_attention_why)
-        # The layers' INT4 o_proj and residual add fused behind that kernel, one launch for
-        # both, where it applies (cuda/attention_oproj.py). The decode graphs use it while
-        # fuse_oproj is set: start-up's step tuning times both and keeps the faster.
-        self.fused_oproj: FusedAttentionOproj | None = None
-        self.fused_oproj_why = "no cuda fused decode attention"
-        if self.fused_attention is not None:
-            self.fused_oproj, self.fused_oproj_why = oproj_for_model(
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size,
-                model.max_context or max_context, model.tok_embeddings.weight.dtype, device,
-                [
-                    layer.attention.wo.cuda if isinstance(layer.attention.wo, Int4Linear) else None
-                    for layer in model.layers
-                ],
-            )  # fmt: skip
-        self.fuse_oproj = False
-        self._decode_attend = decode_attend_fn(
-            self.attention, self.fused_attention, self._oproj_in_use
-        )
+        self._decode_attend = decode_attend_fn(self.attention, self.fused_attention)
         self.chunk_buckets = tuple(b for b in CHUNK_BUCKETS if b < max_context)
         self.chunk_attention = DecodeAttention(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_context, device,
@@ -342,10 +324,6 @@ class GraphRunner:
                 self.last_logits.copy_(logits[0, 0].float())
             return
         self._finish(logits, greedy, parity, advance=True)
-
-    def _oproj_in_use(self) -> FusedAttentionOproj | None:
-        """The fused attention + o_proj kernel while the decode graphs are to use it."""
-        return self.fused_oproj if self.fuse_oproj else None
 
     def _can_fuse_pick(self) -> bool:
         """Asked for, and the greedy kernel runs here and advances the position (what the

@@ -126,12 +126,9 @@ def gpu_paths(model: Transformer, runner: GraphRunner) -> tuple[KernelPath, ...]
     rows = engine_rows(runner)
     paths = []
     head_rows = tuple(sorted({1, *runner.verify_buckets}))  # the lm_head projects these only
-    oproj = _oproj_fused(runner)
     for name, m in linears(model):
         for lo, hi, kernel, fallback in row_classes(m, head_rows if name == HEAD else rows):
             graphs = _families(runner, lo, hi, head=name == HEAD)
-            if oproj and name.endswith(".attention.wo") and lo == hi == 1:
-                kernel = OPROJ_FUSED  # the decode graph's only one-row call of it
             paths.append(KernelPath(name, "linear", _span(lo, hi), kernel, graphs, fallback))
     layers = _all_layers(model)
     multi = sorted({*runner.verify_buckets, *runner.chunk_buckets})
@@ -250,21 +247,10 @@ def _rope_paths(layers: str, runner: GraphRunner, rows: tuple[int, ...]) -> list
     return paths
 
 
-OPROJ_FUSED = "in the cuda fused decode attention (attention.decode), residual add fused"
-
-
-def _oproj_fused(runner: GraphRunner) -> bool:
-    """Whether the decode graphs run the o_proj in the attention's launch."""
-    return getattr(runner, "fuse_oproj", False) and getattr(runner, "fused_oproj", None) is not None
-
-
 def _decode_attention_path(layers: str, runner: GraphRunner) -> KernelPath:
-    """The one-token attention: the fused CUDA kernel (with the o_proj behind it where the
-    decode graphs run it so), or the Triton split-K kernel and why (a fallback where
-    nib's CUDA kernels should run here but could not be built)."""
+    """The one-token attention: the fused CUDA kernel, or the Triton split-K kernel and
+    why (a fallback where nib's CUDA kernels should run here but could not be built)."""
     graphs = _families(runner, 1, 1, head=False)
-    if _oproj_fused(runner):
-        return KernelPath(layers, "attention.decode", "1", runner.fused_oproj.label(), graphs)
     fused = getattr(runner, "fused_attention", None)
     if fused is not None:
         return KernelPath(layers, "attention.decode", "1", fused.label(), graphs)

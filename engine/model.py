@@ -69,28 +69,6 @@ class Attention(nn.Module):
         bsz, _, t, _ = y.shape
         return y.transpose(1, 2).reshape(bsz, t, cfg.q_size)
 
-    def attend_out(
-        self,
-        qkv: torch.Tensor,
-        input_pos: torch.Tensor,
-        kv_len: int | None,
-        attend: AttentionFn,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        ops: TorchOps,
-        residual: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """heads, then wo: wo's output still to be added to the residual stream, or None
-        where it was added in place. One token through an attend function that carries
-        `rope_attend_out` (the decode graph's CUDA kernel with the INT4 o_proj fused
-        behind the attention) may take one launch for both; it says whether it did."""
-        fused = getattr(attend, "rope_attend_out", None)
-        if fused is not None and qkv.shape[1] == 1:
-            assert self.cache is not None, "call Transformer.setup_cache() first"
-            if fused(qkv, input_pos, rope[0], rope[1], self.cache, self.wo, residual):
-                return None
-        y = self.heads(qkv, input_pos, kv_len, attend, rope, ops)
-        return ops.linear_residual(y, self.wo, residual)
-
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -167,7 +145,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             attn, ffn = layer.attention, layer.feed_forward
             qkv = ops.norm_linear(residual, pending, layer.attention_norm.weight, eps, attn.wqkv)
-            pending = attn.attend_out(qkv, input_pos, kv_len, attend, rope, ops, residual)
+            y = attn.heads(qkv, input_pos, kv_len, attend, rope, ops)
+            pending = ops.linear_residual(y, attn.wo, residual)
             h = ops.norm_glu(residual, pending, layer.ffn_norm.weight, eps, ffn.w_gate_up)
             pending = ops.linear_residual(h, ffn.w_down, residual)
         if gather_index is not None:

@@ -49,7 +49,6 @@ from nib.engine.selfcheck import Case, Inputs, Outputs
 
 if TYPE_CHECKING:
     from nib.engine.cuda.attention import FusedDecodeAttention
-    from nib.engine.cuda.attention_oproj import FusedAttentionOproj
 
 # Twice what the kernel tests accept (tests/unit/test_kernels.py, tests/gpu): random
 # shapes of a real model, not a sweep tuned to pass. A wrong layout is off by ~1.
@@ -83,11 +82,9 @@ class CaseBuilder:
         chunk_attention: DecodeAttention | None,
         fused_attention: FusedDecodeAttention | None = None,
         fused_pick: bool = False,
-        fused_oproj: FusedAttentionOproj | None = None,
     ) -> None:
         self.model = model
         self.fused_pick = fused_pick
-        self.fused_oproj = fused_oproj
         self.cfg = model.cfg
         weight = model.tok_embeddings.weight
         self.device, self.dtype = weight.device, weight.dtype
@@ -369,9 +366,6 @@ class CaseBuilder:
         if self.fused_attention is not None:
             for length in sorted({1, s // 2 + 3, s}):
                 yield self._fused_attention_case(self.fused_attention, length, heads)
-        if self.fused_oproj is not None:
-            for length in sorted({1, s // 2 + 3, s}):
-                yield self._fused_oproj_case(self.fused_oproj, length, heads)
         multi = self.chunk_attention
         if multi is not None and multi.max_queries > 1:
             t = min(multi.max_queries, s)
@@ -444,61 +438,6 @@ class CaseBuilder:
             run,
             reference,
             self.tol,
-            fused.label,
-        )
-
-    def _fused_oproj_case(self, fused: FusedAttentionOproj, length: int, heads: str) -> Case:
-        """The decode graph's attention with the INT4 o_proj fused behind it (where the
-        step tuning chose it), on layer 0's o_proj: the residual stream after `residual +=
-        W_o attention` and the cache rows written at p = length - 1, against the float64
-        attention rounded as the kernel rounds it times the fp32 dequantised weight."""
-        from nib.engine.cuda.attention import reference as fused_reference
-
-        cfg, model, s = self.cfg, self.model, self.model.max_context
-        h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        wo = model.layers[0].attention.wo
-        assert isinstance(wo, Int4Linear)
-        packed = wo.cuda
-        seed = self.seed()
-
-        def inputs() -> Inputs:
-            g = _gen(self.device, seed)
-            return {
-                "qkv": _randn(g, 1, 1, (h + 2 * kvh) * d, dtype=self.dtype),
-                "k": _randn(g, 1, kvh, s, d, dtype=self.dtype),
-                "v": _randn(g, 1, kvh, s, d, dtype=self.dtype),
-                "positions": torch.tensor([length - 1], device=self.device),
-                "cos": model.rope_cos,
-                "sin": model.rope_sin,
-                "residual": _randn(g, cfg.hidden_size, dtype=self.dtype),
-            }
-
-        def written(i: Inputs, y: torch.Tensor) -> Outputs:
-            p = length - 1
-            return y, i["k"][:, :, p], i["v"][:, :, p]
-
-        def run(i: Inputs) -> Outputs:
-            y = i["residual"].clone()
-            fused(i["qkv"], i["positions"], i["cos"], i["sin"], i["k"], i["v"], packed, y)
-            return written(i, y)
-
-        def reference(i: Inputs) -> Outputs:
-            out = fused_reference(
-                i["qkv"], i["positions"], i["cos"], i["sin"], i["k"], i["v"], h, kvh
-            )
-            delta = out.reshape(-1).to(torch.float16).float() @ self._dequantized(wo).t()
-            if wo.bias is not None:
-                delta = delta + wo.bias.float()
-            y = (i["residual"].float() + delta.to(self.dtype).float()).to(self.dtype)
-            return written(i, y)
-
-        return Case(
-            "decode_attention",
-            f"queries=1 context={length} {heads} + o_proj {packed.n}x{packed.k} (fused)",
-            inputs,
-            run,
-            reference,
-            max(INT4_TOLERANCE, self.tol),
             fused.label,
         )
 
@@ -780,12 +719,10 @@ def build_cases(
     chunk_attention: DecodeAttention | None = None,
     fused_attention: FusedDecodeAttention | None = None,
     fused_pick: bool = False,
-    fused_oproj: FusedAttentionOproj | None = None,
 ) -> list[Case]:
     """Every case for `model` (its ops, linears and attention objects as the engine runs
     them), fed the row counts the engine uses; `fused_pick`: the decode graphs fold the
-    greedy pick into the INT4 lm_head (GraphRunner.fuse_pick), so that is checked too;
-    `fused_oproj`: they run the o_proj in the attention's launch (GraphRunner.fuse_oproj)."""
+    greedy pick into the INT4 lm_head (GraphRunner.fuse_pick), so that is checked too."""
     return CaseBuilder(
-        model, rows, decode_attention, chunk_attention, fused_attention, fused_pick, fused_oproj
+        model, rows, decode_attention, chunk_attention, fused_attention, fused_pick
     ).cases()

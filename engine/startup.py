@@ -82,7 +82,6 @@ def setup_gpu(engine: Engine) -> None:
             runner.chunk_attention,
             runner.fused_attention,
             runner.fuse_pick and runner.pick_fusable(),
-            runner.fused_oproj if runner.fuse_oproj else None,
         ),
         engine.hooks.tamper_selfcheck,
     )

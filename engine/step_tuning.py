@@ -17,10 +17,9 @@ then measures slower than before (noise can pick a loser: once 1220 -> 1252 us),
 every shape goes back to its per-shape pick.
 
 Every option is a config the kernel tests cover, and the self-check runs after
-this on what was chosen; only time depends on the choice. Where the runner has the
-kernel, one knob is whether each layer's INT4 o_proj runs in the attention's launch
-(GraphRunner.fuse_oproj); one more, where asked for (GraphRunner.tune_pick), is where
-the greedy pick runs (its own kernel, or folded into the INT4 lm_head's epilogue). (An L2 prefetch of the
+this on what was chosen; only time depends on the choice. One more knob, where asked
+for (GraphRunner.tune_pick), is where the greedy pick runs (its own kernel, or folded
+into the INT4 lm_head's epilogue). (An L2 prefetch of the
 next layers' weights was a knob here too; measured on the H200 it never won once
 configs were tuned this way, and it was removed. bench/results/
 2026-12-01-l2-prefetch.json holds its A/B, from commit 7fd9a52.)
@@ -143,29 +142,6 @@ def _pick_knob(runner: Any) -> list[Knob]:
     ]
 
 
-def _oproj_knob(runner: Any) -> list[Knob]:
-    """Whether the decode graphs run each layer's INT4 o_proj in the attention's launch
-    (cuda/attention_oproj.py: one kernel boundary fewer a layer, the attention's cluster
-    doing the product) or as a GEMV of its own (options[0], the default), where the
-    runner has that kernel. The fused product sums in the order of the GEMV's config
-    where that runs unsplit, so both options give the same logits then."""
-    if getattr(runner, "fused_oproj", None) is None:
-        return []
-
-    def apply(fused: bool) -> None:
-        runner.fuse_oproj = fused
-
-    current = bool(runner.fuse_oproj)
-    return [
-        Knob(
-            "attention + o_proj",
-            [current, not current],
-            apply,
-            lambda fused: "one launch" if fused else "separate kernels",
-        )
-    ]
-
-
 def descend(knobs: list[Knob], measure: Callable[[], float]) -> None:
     """One pass of coordinate descent: each knob in turn tries its options (measure()
     after each apply) and keeps the fastest, unless it beats the current choice
@@ -208,7 +184,7 @@ def tune_step(runner: Any) -> dict[str, str]:
     """Tune every knob of runner.model's decode step (see the module doc), before the
     runner captures its graphs. Returns {knob: chosen option's label}."""
     model = runner.model
-    knobs = _config_knobs(model) + _oproj_knob(runner) + _pick_knob(runner)
+    knobs = _config_knobs(model) + _pick_knob(runner)
     if not knobs:
         return {}
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick] [fused-oproj]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -12,7 +12,6 @@
 # timeline: bench/step_timeline.py (each kernel of a decode step on the GPU's clock; TIMELINE_ARGS).
 # ends: bench/step_ends.py (the step's embedding and position advance, PyTorch's against nib's; ENDS_ARGS).
 # fused-pick: bench/fused_pick.py (the greedy pick folded into the INT4 lm_head against a kernel of its own; PICK_BENCH_ARGS).
-# fused-oproj: bench/fused_oproj.py (the INT4 o_proj in the attention's launch against a GEMV of its own; OPROJ_BENCH_ARGS).
 # residue: bench/profiler_residue.py (the decode step before and after a torch.profiler session; RESIDUE_ARGS).
 # replay: bench/replay_timing.py (the step tuner's measure with and without the graph's launch; REPLAY_ARGS).
 # tests leaves out tests/gpu/test_cuda_experiments.py: run experiments-tests beside it.
@@ -143,7 +142,6 @@ for step in ${*:-tests int4 typing decode}; do
     residue) TAIL=12 run profiler-residue ${RESIDUE_CAP:-300} python3 bench/profiler_residue.py --out bench/results \
                ${RESIDUE_ARGS:-} ;;
     ends) TAIL=12 run step-ends ${ENDS_CAP:-300} python3 bench/step_ends.py --out bench/results ${ENDS_ARGS:-} ;;
-    fused-oproj) TAIL=12 run fused-oproj ${OPROJ_BENCH_CAP:-300} python3 bench/fused_oproj.py --out bench/results ${OPROJ_BENCH_ARGS:-} ;;
     fused-pick) TAIL=12 run fused-pick ${PICK_BENCH_CAP:-300} python3 bench/fused_pick.py --out bench/results ${PICK_BENCH_ARGS:-} ;;
     timeline) TAIL=60 run timeline ${TIMELINE_CAP:-420} python3 bench/step_timeline.py --out bench/results \
                 ${TIMELINE_ARGS:-} ;;

@@ -66,36 +66,6 @@ struct RopeAttnArgs {
 
 NIB_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
 
-// The `_oproj` kernels (sm_90): the layer's INT4 output projection and residual add
-// fused behind the attention, for shapes whose KV heads' splits fit in one
-// thread-block cluster (at most 16 blocks; Qwen2.5-1.5B: 2 KV heads x 8 splits). Each
-// block loads its slice of the o_proj weight (w4a16.cu's mma16 packing: tiles_per_block
-// 16-row tiles, all of K = H D) into registers before the wait; after the attention the
-// KV heads' first blocks merge their splits and push the output, as fp16, into every
-// block's shared memory; every block then multiplies its tiles and adds them to the
-// residual stream in place. The sums run in the order of w4a16.cu's one-row kernel with
-// `order_warps` warps and no split, so the result is bit for bit that kernel's after the
-// attention kernel's (tests/gpu/test_cuda_attention_oproj.py).
-struct OprojArgs {
-  RopeAttnArgs attn;
-  const uint4* qw;      // [tiles][K/64][32] (w4a16.py pack, not glu)
-  const u32* sc;        // [tiles][K/128][8]
-  const u16* bias;      // [hidden] activation dtype, or null
-  u16* y;               // [hidden] the residual stream: y += W out (+ bias)
-  int tiles_per_block;  // hidden / 16 / (splits x KV heads)
-  int order_warps;      // the one-row GEMV config whose summation order to follow
-};
-
-// Pairs (16-row tile, group of 128 inputs) a warp of an `_oproj` block holds: warp w
-// takes pairs w, w + NW, ... of its block's tiles_per_block x K/128 (attention.py checks
-// the count against NW x OPROJ_PAIRS).
-constexpr int OPROJ_PAIRS = 9;
-
-struct OprojRegs {
-  uint4 w[OPROJ_PAIRS][2];  // the pair's two 64-input chunks of this lane's A fragments
-  u32 s[OPROJ_PAIRS];       // scales of rows g and g + 8 for the pair's group
-};
-
 // Eight rotated elements (16 bytes) of one head: x, its partner chunk xp (dims d +- D/2),
 // cos and sin at p. Rounding as kernels/rope_cache.py: round(round(x cos) + round(xr sin)).
 template <bool BF16>
@@ -261,150 +231,12 @@ NIB_DEVICE void store_out4(u16* out, int qh, int d, int d4, float4 o, float l) {
       make_uint2(pack_act2<BF16>(o.x * inv, o.y * inv), pack_act2<BF16>(o.z * inv, o.w * inv));
 }
 
-// OPROJ, before the wait: this warp's pairs of the block's o_proj tiles (rank: the
-// block's place in the cluster, split + splits x kvh).
-template <int D, int NW>
-NIB_DEVICE void oproj_load(const OprojArgs& op, int rank, int warp, int lane, OprojRegs& ow) {
-  const int ng = (op.attn.heads * D) >> 7;
-  const int pairs = op.tiles_per_block * ng;
-#pragma unroll
-  for (int i = 0; i < OPROJ_PAIRS; ++i) {
-    const int pr = warp + NW * i;
-    if (pr < pairs) {
-      const size_t tile = (size_t)rank * op.tiles_per_block + pr / ng;
-      const int grp = pr % ng;
-      const uint4* q = op.qw + (tile * (2 * ng) + 2 * grp) * 32 + lane;
-      ow.w[i][0] = ld_stream(q);
-      ow.w[i][1] = ld_stream(q + 32);
-      ow.s[i] = ld_nc_u32(op.sc + (tile * ng + grp) * 8 + (lane >> 2));
-    }
-  }
-}
-
-// OPROJ 2, at the start (one thread): the block's o_proj slice, contiguous in the packing,
-// into L2 through the copy engine (no registers, no load slots of this SM).
-template <int D>
-NIB_DEVICE void oproj_prefetch(const OprojArgs& op, int rank) {
-  const int ng = (op.attn.heads * D) >> 7;
-  const size_t tile0 = (size_t)rank * op.tiles_per_block;
-  const unsigned char* w = reinterpret_cast<const unsigned char*>(op.qw + tile0 * (2 * ng) * 32);
-  const u32 wbytes = (u32)op.tiles_per_block * (u32)ng * 1024u;
-  for (u32 off = 0; off < wbytes; off += 16384u) prefetch_l2(w + off, min(16384u, wbytes - off));
-  prefetch_l2(op.sc + tile0 * ng * 8, (u32)op.tiles_per_block * (u32)ng * 32u);
-}
-
-// OPROJ, once this block's partial is in its KV head's first block (or it had no
-// positions): the splits merge there (phase 2), the output goes to every block as fp16
-// (phase 3), and each block adds its o_proj tiles to the residual stream. `cp_o`: the
-// cluster merge's slots; the fp16 output follows them.
-template <int D, bool BF16, int NW>
-NIB_DEVICE void oproj_tail(const OprojArgs& op, const OprojRegs& ow, unsigned char* smem,
-                           float* cp_o, int used) {
-  constexpr int HEADS = 8, D4 = D / 4, SLOT = HEADS * D + HEADS * 2;
-  const RopeAttnArgs& a = op.attn;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y;
-  const int G = a.group, ng = (a.heads * D) >> 7;
-  const int tpb = op.tiles_per_block, pairs = tpb * ng;
-  const int rank = split + splits * kvh;
-  u16* const xs = reinterpret_cast<u16*>(cp_o + splits * SLOT);  // fp16 [H D]
-  // Thread tid < 16 tpb finishes row tid of the block's tiles: its residual and bias are
-  // read while the cluster meets.
-  const bool finisher = tid < tpb * 16;
-  const int row = (rank * tpb + (tid >> 4)) * 16 + (tid & 15);
-  float res = 0.f, bias = 0.f;
-  if (finisher) {
-    res = act2f(op.y[row], BF16);
-    if (op.bias) bias = act2f(op.bias[row], BF16);
-  }
-  cluster_arrive_release();  // phase 2: this block's partial is in its first block's slot
-  cluster_wait_acquire();
-  if (split == 0) {
-    // The KV head's splits in split order, rounded to the activation dtype as the
-    // attention's output is, then to fp16 as w4a16.cu stages an input; into every block.
-    const u32 xs_base = smem_addr(xs);
-    const int blocks = splits * gridDim.y;
-    for (int item = tid; item < G * D4; item += NW * 32) {
-      const int h = item / D4, d4 = item % D4;
-      float2 ml[8];
-      float4 opart[8];
-      gather8(used, ml, opart, [&](int k, float2& m, float4& o) {
-        const float* const sk = cp_o + k * SLOT;
-        m = *reinterpret_cast<const float2*>(sk + HEADS * D + h * 2);
-        o = *reinterpret_cast<const float4*>(sk + h * D + 4 * d4);
-      });
-      float mt = neg_inf(), lt = 0.f;
-      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-      fold8(ml, opart, mt, lt, o);
-      const float inv = 1.f / lt;
-      const u32 a01 = pack_act2<BF16>(o.x * inv, o.y * inv);
-      const u32 a23 = pack_act2<BF16>(o.z * inv, o.w * inv);
-      const u32 h01 = pack_h2(lo_act2f<BF16>(a01), hi_act2f<BF16>(a01));
-      const u32 h23 = pack_h2(lo_act2f<BF16>(a23), hi_act2f<BF16>(a23));
-      const u32 at = xs_base + ((kvh * G + h) * D + 4 * d4) * 2;
-      for (int r = 0; r < blocks; ++r) st_cluster_u2(cluster_map(at, r), h01, h23);
-    }
-  }
-  cluster_arrive_release();  // phase 3: every KV head's output is in every block's xs
-  cluster_wait_acquire();
-  // Each pair's product as w4a16.cu's mma_group makes it (one accumulator, chunks and
-  // k-steps in order); lanes t4 = 0 hold column 0 (the one activation row) of rows g,
-  // g + 8. The K/V stages are free now: [pairs][16] sums, then [pairs][16] scales.
-  float* const part = reinterpret_cast<float*>(smem);
-  float* const scale = part + pairs * 16;
-#pragma unroll
-  for (int i = 0; i < OPROJ_PAIRS; ++i) {
-    const int pr = warp + NW * i;
-    if (pr < pairs) {
-      const int grp = pr % ng;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const uint4* px = reinterpret_cast<const uint4*>(xs + (2 * grp + hh) * 64 + 16 * t4);
-        const uint4 v0 = px[0], v1 = px[1];
-        const u32 bx[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        const u32 words[4] = {ow.w[i][hh].x, ow.w[i][hh].y, ow.w[i][hh].z, ow.w[i][hh].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          u32 frag[4];
-          dequant8(words[j], frag);
-          mma16816(acc, frag, bx[2 * j], bx[2 * j + 1]);
-        }
-      }
-      if (t4 == 0) {
-        part[pr * 16 + g] = acc[0];
-        part[pr * 16 + g + 8] = acc[2];
-        scale[pr * 16 + g] = lo_h2f(ow.s[i]);
-        scale[pr * 16 + g + 8] = hi_h2f(ow.s[i]);
-      }
-    }
-  }
-  __syncthreads();
-  if (!finisher) return;
-  // The groups summed as w4a16.cu's r1 kernel with order_warps warps sums them: warp w
-  // scales and adds groups w, w + order_warps, ...; the warps' sums add in warp order.
-  const int t = tid >> 4, rr = tid & 15;
-  float fin = 0.f;
-  for (int w = 0; w < op.order_warps; ++w) {
-    float acc = 0.f;
-    for (int grp = w; grp < ng; grp += op.order_warps) {
-      const int q = (t * ng + grp) * 16 + rr;
-      acc = fmaf(scale[q], part[q], acc);
-    }
-    fin += acc;
-  }
-  if (op.bias) fin += bias;
-  op.y[row] = f2act(res + round_act(fin, BF16), BF16);
-}
-
 // Dynamic shared memory, in order: NW warps x STAGES x (K tile, V tile); the rotated
 // queries [8][D] (swizzled); the new k and v rows [2][D]; per-warp max and sum [2][NW][8];
 // the last-block flag; (16-byte aligned) the cluster merge's slots, one a split (one in
 // the global-merge kernels, unused). attention.py's shared_bytes() mirrors this.
-// OPROJ: 0 none; 1 the o_proj's weights into registers at the start; 2 into L2 at the
-// start (the copy engine's prefetch), into registers once the block's tiles are attended.
-template <int D, bool BF16, int NW, bool CLUSTER, int OPROJ = 0>
-NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nullptr) {
+template <int D, bool BF16, int NW, bool CLUSTER>
+NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a) {
   constexpr int TILE = 16;
   constexpr int HEADS = 8;    // query heads per KV head, at most (the mma's n8)
   constexpr int CPR = D / 8;  // 16-byte chunks per row
@@ -434,26 +266,13 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
   // below it (written by earlier steps).
   NIB_TRACE_BLOCK(NIB_KIND_ATTENTION);
   pdl_launch_dependents();
-  OprojRegs ow;  // OPROJ: this warp's o_proj pairs
-  if constexpr (OPROJ == 1) oproj_load<D, NW>(*op, split + splits * kvh, warp, lane, ow);
-  if constexpr (OPROJ == 2) {
-    if (tid == 0) oproj_prefetch<D>(*op, split + splits * kvh);
-  }
   if constexpr (CLUSTER) cluster_arrive_relaxed();  // phase 1: this block is running
   const long long pos = *a.pos;
   if (pos < 0 || pos >= S) return;  // a bad position must not write outside the cache
   const int p = (int)pos, L = p + 1;
   const int chunk = ((L + splits - 1) / splits + TILE - 1) & ~(TILE - 1);
   const int used = (L + chunk - 1) / chunk;
-  if (split >= used) {  // a cluster's barrier does not wait for exited threads
-    if constexpr (OPROJ != 0) {  // no positions, but its share of the o_proj
-      if constexpr (OPROJ == 2) oproj_load<D, NW>(*op, split + splits * kvh, warp, lane, ow);
-      pdl_wait();
-      cluster_wait_acquire();  // phase 1
-      oproj_tail<D, BF16, NW>(*op, ow, smem, cp_o, used);
-    }
-    return;
-  }
+  if (split >= used) return;  // a cluster's barrier does not wait for exited threads
   const int start = split * chunk;
   const int end = min(start + chunk, L);
   const int ntiles = (end - start + TILE - 1) / TILE;
@@ -581,8 +400,6 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
   cp_async_wait<0>();
   __syncwarp();
   NIB_TRACE_MARK(1);  // warp 0's tiles attended
-  // OPROJ 2: from L2 now, on their way while the warps and the splits merge.
-  if constexpr (OPROJ == 2) oproj_load<D, NW>(*op, split + splits * kvh, warp, lane, ow);
 
   // This warp's partial into its own (now idle) slots: max, sum per head, o [G][D].
   // l: sum over the 8 lanes g that hold a head's positions.
@@ -613,10 +430,9 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
   constexpr int D4 = D / 4;
   u32 slot = 0;  // CLUSTER: this block's slot in the first block's shared memory
   if constexpr (CLUSTER) {
-    if (OPROJ != 0 || used > 1) {  // OPROJ: one used block also merges through its slot
+    if (used > 1) {
       cluster_wait_acquire();  // phase 1: the first block is running, its slots exist
-      // OPROJ: the cluster holds every KV head; this one's first block is rank kvh x splits.
-      slot = cluster_map(smem_addr(cp_o + split * SLOT), OPROJ != 0 ? kvh * splits : 0);
+      slot = cluster_map(smem_addr(cp_o + split * SLOT), 0);
     }
   }
   for (int item = tid; item < G * D4; item += NW * 32) {
@@ -634,7 +450,7 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
       lb += e * wl[w * HEADS + h];
       o.x += e * v.x, o.y += e * v.y, o.z += e * v.z, o.w += e * v.w;
     }
-    if (OPROJ == 0 && used == 1) {
+    if (used == 1) {
       store_out4<BF16>(a.out, kvh * G + h, D, d4, o, lb);
     } else if constexpr (CLUSTER) {
       st_cluster_f4(slot + (h * D + 4 * d4) * 4, o);
@@ -646,10 +462,6 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
     }
   }
   NIB_TRACE_MARK(2);  // the warps merged: the block's partial written
-  if constexpr (OPROJ != 0) {
-    oproj_tail<D, BF16, NW>(*op, ow, smem, cp_o, used);
-    return;
-  }
   if constexpr (CLUSTER) {
     // The cluster is this KV head's splits (block rank = split). Every used block has
     // stored its partial into its slot of the first block's shared memory; it arrives
@@ -714,18 +526,6 @@ NIB_DEVICE void rope_attend_body(const RopeAttnArgs& a, const OprojArgs* op = nu
     rope_attend_body<D, BF16, NW, true>(a);                                             \
   }
 
-// The o_proj fused behind the attention (OprojArgs), sm_90: 8 warps, every KV head's
-// splits in one cluster.
-#define ROPE_ATTEND_OPROJ(D, DT, BF16)                                                  \
-  extern "C" __global__ void __launch_bounds__(8 * 32, 1)                               \
-      rope_attend_d##D##_##DT##_w8_oproj(const OprojArgs a) {                           \
-    rope_attend_body<D, BF16, 8, true, 1>(a.attn, &a);                                  \
-  }                                                                                     \
-  extern "C" __global__ void __launch_bounds__(8 * 32, 1)                               \
-      rope_attend_d##D##_##DT##_w8_oprojl2(const OprojArgs a) {                         \
-    rope_attend_body<D, BF16, 8, true, 2>(a.attn, &a);                                  \
-  }
-
 ROPE_ATTEND(64, bf16, true, 4)
 ROPE_ATTEND(64, bf16, true, 8)
 ROPE_ATTEND(64, f16, false, 4)
@@ -734,7 +534,3 @@ ROPE_ATTEND(128, bf16, true, 4)
 ROPE_ATTEND(128, bf16, true, 8)
 ROPE_ATTEND(128, f16, false, 4)
 ROPE_ATTEND(128, f16, false, 8)
-ROPE_ATTEND_OPROJ(64, bf16, true)
-ROPE_ATTEND_OPROJ(64, f16, false)
-ROPE_ATTEND_OPROJ(128, bf16, true)
-ROPE_ATTEND_OPROJ(128, f16, false)

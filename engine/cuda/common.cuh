@@ -101,26 +101,6 @@ NIB_DEVICE void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// ---- INT4 weights (w4a16.cu's mma16 packing) ---------------------------------
-// One packed word -> the four fp16x2 A-fragment registers of its two rows' 4 inputs
-// each (the 1024.0-mantissa trick: OR the nibble into 1024, subtract 1024 + 8; the
-// high nibbles land as 16 q and are scaled by 1/16). w4a16.cu's comment has the layout.
-NIB_DEVICE void dequant8(u32 q, u32 (&a)[4]) {
-  const u32 LO = 0x000f000fu, HI = 0x00f000f0u, EX = 0x64006400u;
-  const u32 SUB = 0x64086408u;  // 1032 = 1024 + 8 (the zero point)
-  const u32 MUL = 0x2c002c00u;  // 1/16
-  const u32 ADD = 0xd480d480u;  // -72 = -(1024 / 16 + 8)
-  const u32 lo0 = lop3<0xEA>(q, LO, EX);
-  const u32 hi0 = lop3<0xEA>(q, HI, EX);
-  q >>= 8;
-  const u32 lo1 = lop3<0xEA>(q, LO, EX);
-  const u32 hi1 = lop3<0xEA>(q, HI, EX);
-  a[0] = hsub2(lo0, SUB);
-  a[1] = hfma2(hi0, MUL, ADD);
-  a[2] = hsub2(lo1, SUB);
-  a[3] = hfma2(hi1, MUL, ADD);
-}
-
 // ---- reductions ----------------------------------------------------------------
 NIB_DEVICE float warp_sum(float v) {
 #pragma unroll
@@ -262,13 +242,6 @@ NIB_DEVICE void bulk_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
 }
 #endif
 
-// `bytes` (a multiple of 16) from global memory into L2 by the copy engine; a hint.
-NIB_DEVICE void prefetch_l2(const void* src, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // ---- shared memory, async copies, ldmatrix (sm_80+) ------------------------------
 // A generic pointer into shared memory as the 32-bit shared-window address PTX wants.
 NIB_DEVICE u32 smem_addr(const void* p) {
@@ -408,13 +381,6 @@ NIB_DEVICE void st_cluster_f4(u32 addr, float4 v) {
 NIB_DEVICE void st_cluster_f2(u32 addr, float2 v) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("st.shared::cluster.v2.f32 [%0], {%1,%2};" :: "r"(addr), "f"(v.x), "f"(v.y) : "memory");
-#else
-  __trap();
-#endif
-}
-NIB_DEVICE void st_cluster_u2(u32 addr, u32 lo, u32 hi) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v2.u32 [%0], {%1,%2};" :: "r"(addr), "r"(lo), "r"(hi) : "memory");
 #else
   __trap();
 #endif

@@ -26,7 +26,6 @@ CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 class CudaError(RuntimeError):
@@ -212,16 +211,6 @@ class Kernel:
             f"cuOccupancyMaxActiveClusters({self.name})",
         )
         return int(n.value)
-
-    def allow_non_portable_cluster(self) -> None:
-        """Clusters above the portable 8 blocks (16 on sm_90) need an opt-in per kernel;
-        max_active_clusters then says whether one fits."""
-        check(
-            lib().cuFuncSetAttribute(
-                self.handle, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1
-            ),
-            f"allowing {self.name} a non-portable cluster size",
-        )
 
     def allow_shared(self, nbytes: int) -> None:
         """Dynamic shared memory above the default 48 KB needs an opt-in per kernel."""

@@ -89,6 +89,22 @@ enum { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_GLU = 2, EPI_GLU_PLAIN = 3 };
 // before the groups are (greedy.py's FusedPick sizes its workspace and counters by it).
 constexpr int PICK_GROUP = 64;
 
+NIB_DEVICE void dequant8(u32 q, u32 (&a)[4]) {
+  const u32 LO = 0x000f000fu, HI = 0x00f000f0u, EX = 0x64006400u;
+  const u32 SUB = 0x64086408u;  // 1032 = 1024 + 8 (the zero point)
+  const u32 MUL = 0x2c002c00u;  // 1/16
+  const u32 ADD = 0xd480d480u;  // -72 = -(1024 / 16 + 8)
+  const u32 lo0 = lop3<0xEA>(q, LO, EX);
+  const u32 hi0 = lop3<0xEA>(q, HI, EX);
+  q >>= 8;
+  const u32 lo1 = lop3<0xEA>(q, LO, EX);
+  const u32 hi1 = lop3<0xEA>(q, HI, EX);
+  a[0] = hsub2(lo0, SUB);
+  a[1] = hfma2(hi0, MUL, ADD);
+  a[2] = hsub2(lo1, SUB);
+  a[3] = hfma2(hi1, MUL, ADD);
+}
+
 // Logical output row of tile row rr (0..15) of tile t, for packings 0 (natural) and glu.
 NIB_DEVICE int out_row(int t, int rr, bool glu, int inter) {
   if (!glu) return t * 16 + rr;

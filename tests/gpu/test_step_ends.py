@@ -42,21 +42,3 @@ def test_fused_pick_bench_times_both_and_the_fused_step_has_one_kernel_fewer(
     for r in by.values():
         assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0
     assert set(result["saved_us"]) == {"tiny-llama"}
-
-
-def test_fused_oproj_bench_times_both_and_the_fused_step_has_a_kernel_fewer_a_layer(
-    tmp_path: Path,
-) -> None:
-    """bench/fused_oproj.py: each layer's o_proj GEMV is gone from the step when fused."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs sm_90 (thread-block clusters)")
-    args = ["--shapes", "tiny-llama", "--rounds", "1"]
-    result = run_bench("fused_oproj.py", args, tmp_path, "fused-oproj")
-    by = {r["variant"]: r for r in result["rows"]}
-    assert set(by) == {"separate-oproj", "fused-oproj", "fused-oproj-registers"}
-    layers = 4  # bench/step_timeline.py's tiny-llama
-    for fused in ("fused-oproj", "fused-oproj-registers"):
-        assert by[fused]["kernels_per_step"] == by["separate-oproj"]["kernels_per_step"] - layers
-    for r in by.values():
-        assert len(r["step_us_rounds"]) == 1 and r["step_us_median"] > 0
-    assert set(result["saved_us"]) == {"tiny-llama"}

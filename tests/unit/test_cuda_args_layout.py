@@ -27,7 +27,6 @@ def _layout_asserts(struct: str, cls: type[ctypes.Structure]) -> str:
 
 
 from nib.engine.cuda.attention import RopeAttnArgs  # noqa: E402
-from nib.engine.cuda.attention_oproj import OprojArgs  # noqa: E402
 from nib.engine.cuda.embed import EmbedArgs  # noqa: E402
 from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
 from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
@@ -40,7 +39,6 @@ STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("w4a16.cu", "PickPtrs", PickPtrs),
     ("w4a16.cu", "W4PickArgs", W4PickArgs),
     ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
-    ("attention.cu", "OprojArgs", OprojArgs),
     ("greedy.cu", "GreedyArgs", GreedyArgs),
     ("embed.cu", "EmbedArgs", EmbedArgs),
 ]

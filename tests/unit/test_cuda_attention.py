@@ -19,8 +19,6 @@ KERNELS = {
     for dt in ("bf16", "f16")
     for w in (4, 8)
     for merge in ("", "_cluster")  # splits merged through global memory, or in a cluster
-} | {  # the INT4 o_proj fused behind it (attention_oproj.py): 8 warps only
-    f"rope_attend_d{d}_{dt}_w8_oproj" for d in (64, 128) for dt in ("bf16", "f16")
 }
 
 

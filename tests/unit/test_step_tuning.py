@@ -94,18 +94,3 @@ def test_the_pick_knob_is_offered_only_where_the_pick_can_be_fused() -> None:
         _pick_knob(SimpleNamespace(fuse_pick=False, tune_pick=False, pick_fusable=lambda: True))
         == []
     )
-
-
-def test_the_oproj_knob_is_offered_where_the_runner_has_the_fused_kernel() -> None:
-    from types import SimpleNamespace
-
-    from nib.engine.step_tuning import _oproj_knob
-
-    runner = SimpleNamespace(fused_oproj=object(), fuse_oproj=False)
-    (knob,) = _oproj_knob(runner)
-    assert knob.options == [False, True]  # the separate GEMV first: the default to beat
-    knob.apply(True)
-    assert runner.fuse_oproj is True
-    assert [knob.label(o) for o in knob.options] == ["separate kernels", "one launch"]
-    assert _oproj_knob(SimpleNamespace(fused_oproj=None, fuse_oproj=False)) == []
-    assert _oproj_knob(SimpleNamespace()) == []  # a runner from before the kernel
