@@ -65,9 +65,10 @@ for step in ${*:-tests int4 typing decode}; do
            # Triton kernels (tests/unit/test_kernels.py). On a fresh machine (every module
            # compiled first) the whole of `tests` outgrew one call's 540 s on 2026-12-04
            # (cut at 91%): run tests-cuda and tests-triton in two calls there.
+           triton="tests/gpu/test_int4_fused_gemv.py tests/gpu/test_int4_kernels.py tests/unit/test_kernels.py"
            files=""
-           [ "$step" != tests-triton ] && files="$(ls tests/gpu/test_*.py | grep -v "test_int4_kernels\|test_int4_fused_gemv\|test_cuda_experiments")"
-           [ "$step" != tests-cuda ] && files="$files tests/gpu/test_int4_fused_gemv.py tests/gpu/test_int4_kernels.py tests/unit/test_kernels.py"
+           [ "$step" != tests-triton ] && files="$(ls tests/gpu/test_*.py | grep -vxF -e tests/gpu/test_cuda_experiments.py $(printf -- '-e %s ' $triton))"
+           [ "$step" != tests-cuda ] && files="$files $triton"
            TAIL=6 run "$step" ${TESTS_CAP:-540} python3 -m pytest -p no:cacheprovider -v --tb=short -rs \
              $files --junitxml="$LOGS/gpu-$step.xml"
            grep -E "(FAILED|ERROR)( |$)" "$LOGS/$step.log" | grep -v "^tests/gpu.* PASSED" | cut -c1-200 | head -30 ;;
