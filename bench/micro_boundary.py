@@ -22,6 +22,21 @@ through early gives a wrong sum), and a wait that spins too long is reported, no
 on. Per phase against per launch: what replacing kernel boundaries by grid barriers
 in one persistent decode kernel would save.
 
+With --ring KB[,KB...] it also times probe_ring: a persistent kernel in which one
+warp of every block streams the block's share of every phase into a ring of KB of
+shared memory by bulk copies, running ahead across phases (a decode step's weights do
+not depend on its activations), while the other warps wait at a grid barrier for the
+previous phase, read its output and consume the ring. As uniform phases beside the
+other barriers (barrier "ring-<KB>kb"), and with --steps, on the bytes of a whole INT4
+decode step of bench/decode.py's shapes: each layer's dependent stages (q/k/v, the
+attention's K and V rows at context 640 or 4096, o_proj, gate_up, down; LAYERS) and
+the lm_head, against a chain of probe_stream launches with programmatic dependent
+launch over the same bytes (what a kernel-per-op step pays at the least, before any
+arithmetic) and the bytes' floor. --ring-modes adds diagnostics (no grid barrier, no
+reading of the ring) and --trace stamps each phase (%globaltimer), so a step's time
+splits into its stages. What a whole-step persistent kernel would be worth, before
+anyone writes one.
+
 Fit per grid and launch mode: t(S) = a + S / b, least squares over S > 0; `a` is the
 fixed cost per kernel (launch, ramp, tail, the wait for the previous kernel), `b`
 the streaming rate. Napkin math: the copy bandwidth (~4.2 TB/s) gives b; a
@@ -43,6 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_gbps, write_result
+from decode import SHAPES
 
 from nib.engine.cuda.timing import graph_us
 
@@ -53,6 +69,36 @@ THREADS = 256
 BARRIERS = {"gen": "probe_phases", "count": "probe_phases_count", "flags": "probe_phases_flags"}
 POOL_BYTES = 512 << 20  # >> 60 MiB of L2
 L2_BYTES = 60 << 20
+RING_THREADS = 288  # probe.cu: 8 consumer warps and the producer warp
+RING_MAX_STAGES = 64
+
+
+def int4_linear_bytes(inputs: int, outputs: int) -> int:
+    """Weights at 4 bits and fp16 scales of group 128: what an INT4 linear streams."""
+    return inputs * outputs // 2 + inputs // 128 * outputs * 2
+
+
+def layer_stages(shape: dict[str, object], context: int) -> tuple[tuple[str, int], ...]:
+    """One INT4 decode layer's dependent stages and the bytes each reads: q/k/v, the
+    attention's K and V rows at `context` (16-bit), o_proj, gate_up, down."""
+    h, i = int(shape["hidden_size"]), int(shape["intermediate_size"])  # type: ignore[call-overload]
+    heads, kv = int(shape["num_attention_heads"]), int(shape["num_key_value_heads"])  # type: ignore[call-overload]
+    d = h // heads
+    return (
+        ("qkv", int4_linear_bytes(h, (heads + 2 * kv) * d)),
+        ("attention", context * kv * d * 2 * 2),
+        ("o_proj", int4_linear_bytes(h, h)),
+        ("gate_up", int4_linear_bytes(h, 2 * i)),
+        ("down", int4_linear_bytes(i, h)),
+    )
+
+
+# bench/decode.py's shapes at its contexts (prompt 512 + 128 decoded; 4K): layer count, stages.
+LAYERS = {
+    f"{name}-int4{suffix}": (int(shape["num_hidden_layers"]), layer_stages(shape, ctx))  # type: ignore[call-overload]
+    for name, shape in SHAPES.items()
+    for suffix, ctx in (("", 640), ("-4k", 4096))
+}
 
 
 class PhaseArgs(ctypes.Structure):
@@ -78,6 +124,26 @@ class ProbeArgs(ctypes.Structure):
         ("out", ctypes.c_void_p),
         ("per_block", ctypes.c_int),
     ]
+
+
+class RingArgs(ctypes.Structure):
+    _fields_ = [
+        ("src", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("count", ctypes.c_void_p),
+        ("err", ctypes.c_void_p),
+        ("offs", ctypes.c_void_p),
+        ("per_block", ctypes.c_void_p),
+        ("phases", ctypes.c_int),
+        ("chunk_vecs", ctypes.c_int),
+        ("stages", ctypes.c_int),
+        ("spin_limit", ctypes.c_int),
+        ("mode", ctypes.c_int),
+        ("stamps", ctypes.c_void_p),
+    ]
+
+
+RING_MODES = {"": 0, "no-barrier": 1, "no-read": 2, "no-barrier-no-read": 3}  # probe.cu RING_*
 
 
 def calls_for(nbytes: int) -> int:
@@ -159,6 +225,143 @@ def time_phases(kernel, pool: torch.Tensor, blocks: int, nbytes: int, phases: in
     return {"us_per_phase": statistics.median(times), "correct": ok}
 
 
+def phase_regions(pool_vecs: int, sizes: list[int]) -> list[int]:
+    """Each phase's first vector: consecutive regions through the pool, back to its start
+    when the next one would not fit, so no phase's data is still in L2 from a recent one."""
+    offs, at = [], 0
+    for n in sizes:
+        if at + n > pool_vecs:
+            at = 0
+        offs.append(at)
+        at += n
+    return offs
+
+
+def expected_ring(
+    pool: torch.Tensor, blocks: int, per_block: list[int], offs: list[int]
+) -> torch.Tensor:
+    """What probe_ring must write: [phases, blocks] (phase sizes may differ)."""
+    words = pool.view(-1, 4)
+    out = torch.zeros(len(per_block), blocks, dtype=torch.float64, device=pool.device)
+    for ph, (n, off) in enumerate(zip(per_block, offs, strict=True)):
+        v = words[off : off + blocks * n].reshape(blocks, n, 4)
+        s = ((v[..., 0] & 1) + (v[..., 3] & 1)).sum(-1).double()
+        out[ph] = s + (out[ph - 1].roll(-1) if ph else 0)
+    return out
+
+
+def ring_blocks(kernel, ring_bytes: int) -> int:  # type: ignore[no-untyped-def]
+    """Blocks of probe_ring that are resident at once with a ring of `ring_bytes`."""
+    kernel.allow_shared(ring_bytes)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return resident_blocks(kernel, RING_THREADS, ring_bytes) * sms
+
+
+def ring_trace(stamps: torch.Tensor, labels: list[str]) -> dict[str, dict[str, float]]:
+    """Where a probe_ring launch's phases went, from its [phases, blocks, 2] stamps (ns:
+    barrier passed, arrived at the next), per label (a layer's stage), medians over the
+    label's phases after the first: `span_us` from the previous phase's last arrival to
+    this one's, `release_us` from that last arrival to the median block passing this
+    phase's barrier, `work_us` the median block's time from passing to arriving,
+    `tail_us` the median block's arrival to the last one's."""
+    t = stamps.double().cpu() / 1e3
+    passed, arrived = t[..., 0], t[..., 1]
+    last = arrived.max(dim=1).values
+    groups: dict[str, dict[str, list[float]]] = {
+        label: {"span_us": [], "release_us": [], "work_us": [], "tail_us": []}
+        for label in dict.fromkeys(labels)  # in the order the phases first come
+    }
+    for ph in range(1, t.shape[0]):
+        g = groups[labels[ph]]
+        g["span_us"].append(float(last[ph] - last[ph - 1]))
+        g["release_us"].append(float(passed[ph].median() - last[ph - 1]))
+        g["work_us"].append(float((arrived[ph] - passed[ph]).median()))
+        g["tail_us"].append(float(last[ph] - arrived[ph].median()))
+    return {
+        k: {m: statistics.median(v) for m, v in g.items()}
+        for k, g in groups.items()
+        if g["span_us"]
+    }
+
+
+def time_ring(  # type: ignore[no-untyped-def]
+    kernel,
+    pool: torch.Tensor,
+    blocks: int,
+    sizes: list[int],
+    ring_bytes: int,
+    chunk_bytes: int,
+    mode: int = 0,
+    labels: list[str] | None = None,
+) -> dict:  # type: ignore[type-arg]
+    """probe_ring over phases of `sizes` bytes: µs per launch, and whether every output
+    was right in the launch checked (the first) and no barrier wait gave up in any (a
+    diagnostic `mode` is not checked: "correct" is then None). With `period`, one more
+    launch records when each block passed each barrier (`trace`: ring_trace's, with a
+    label per phase)."""
+    stages = min(RING_MAX_STAGES, ring_bytes // chunk_bytes)
+    if stages < 1:
+        raise ValueError(f"a ring of {ring_bytes} bytes holds no chunk of {chunk_bytes}")
+    per_block = [n // 16 // blocks for n in sizes]
+    offs = phase_regions(pool.numel() // 4, [n * blocks for n in per_block])
+    dev = pool.device
+    per_t = torch.tensor(per_block, dtype=torch.int32, device=dev)
+    offs_t = torch.tensor(offs, dtype=torch.int64, device=dev)
+    out = torch.full((len(sizes), blocks), float("nan"), device=dev)  # poisoned
+    count = torch.zeros(1, dtype=torch.int32, device=dev)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    args = RingArgs(
+        pool.data_ptr(), out.data_ptr(), count.data_ptr(), err.data_ptr(), offs_t.data_ptr(),
+        per_t.data_ptr(), len(sizes), chunk_bytes // 16, stages, 1 << 22, mode, None,
+    )  # fmt: skip
+    shared = stages * chunk_bytes
+    kernel.launch((blocks,), (RING_THREADS,), args, shared)
+    torch.cuda.synchronize()
+    ok: bool | None = None
+    if not mode:
+        ok = bool(err.item() == 0) and torch.equal(
+            out.double(), expected_ring(pool, blocks, per_block, offs)
+        )
+    us = graph_us([lambda: kernel.launch((blocks,), (RING_THREADS,), args, shared)], calls=2)
+    if ok is not None:
+        ok = ok and err.item() == 0
+    trace = None
+    if labels:
+        stamps = torch.zeros(len(sizes), blocks, 2, dtype=torch.int64, device=dev)
+        args.stamps = stamps.data_ptr()
+        kernel.launch((blocks,), (RING_THREADS,), args, shared)
+        torch.cuda.synchronize()
+        trace = ring_trace(stamps, labels)
+    return {
+        "us_per_launch": us,
+        "correct": ok,
+        "mode": mode,
+        "trace": trace,
+        "bytes": sum(n * 16 * blocks for n in per_block),
+        "stages": stages,
+        "chunk_bytes": chunk_bytes,
+        "ring_bytes": shared,
+    }
+
+
+def _fmt_trace(tr: dict[str, float]) -> str:
+    return "  ".join(f"{k[:-3]} {v:6.2f}" for k, v in tr.items())
+
+
+def time_chain(kernel, pool: torch.Tensor, blocks: int, sizes: list[int]) -> float:  # type: ignore[no-untyped-def]
+    """µs for one pass of probe_stream launches over `sizes` (PDL, one CUDA graph)."""
+    per_block = [n // 16 // blocks for n in sizes]
+    offs = phase_regions(pool.numel() // 4, [n * blocks for n in per_block])
+    outs = [torch.zeros(blocks, device=pool.device) for _ in range(2)]
+    fns = []
+    for i, (n, off) in enumerate(zip(per_block, offs, strict=True)):
+        args = ProbeArgs(
+            pool.data_ptr() + off * 16, outs[i % 2].data_ptr(), outs[(i + 1) % 2].data_ptr(), n
+        )
+        fns.append(lambda a=args: kernel.launch((blocks,), (THREADS,), a, 128, pdl=True))
+    return graph_us(fns) * len(fns)
+
+
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(a us, b GB/s) of t = a + S / b, least squares over (S bytes, t us)."""
     slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
@@ -174,7 +377,45 @@ def main() -> int:
         default=",".join(BARRIERS),
         help=f"grid barriers for --phases, comma-separated from {','.join(BARRIERS)}",
     )
+    p.add_argument(
+        "--ring",
+        default="",
+        help="also time probe_ring with rings of these KB of shared memory (e.g. 96,192)",
+    )
+    p.add_argument("--chunk-kb", type=int, default=8, help="bytes a ring slot holds, KB")
+    p.add_argument(
+        "--steps",
+        default="",
+        help=f"with --ring: decode steps' bytes, comma-separated from {','.join(LAYERS)}",
+    )
+    p.add_argument(
+        "--chain-blocks",
+        default="132,264",
+        help="grids of the probe_stream chain the --steps rows compare against",
+    )
+    p.add_argument("--no-sweep", action="store_true", help="skip the per-launch sweep")
+    p.add_argument(
+        "--ring-modes",
+        default="",
+        help="probe_ring variants, comma-separated from "
+        + ", ".join(repr(m) for m in RING_MODES)
+        + " ('' the probe itself; the others are diagnostics whose outputs are not checked)",
+    )
+    p.add_argument("--trace", action="store_true", help="stamp probe_ring's phases (%%globaltimer)")
     args = p.parse_args()
+    rings = [int(kb) for kb in args.ring.split(",") if kb]
+    for mode in args.ring_modes.split(","):
+        if mode not in RING_MODES:
+            p.error(f"--ring-modes: {mode!r} is not one of {', '.join(map(repr, RING_MODES))}")
+    layers = [name for name in args.steps.split(",") if name]
+    for name in layers:
+        if name not in LAYERS:
+            p.error(f"--steps: {name!r} is not one of {', '.join(LAYERS)}")
+    if layers and not rings:
+        p.error("--steps needs --ring")
+    chunk = args.chunk_kb << 10
+    if chunk <= 0 or chunk % 16 or any((kb << 10) < chunk for kb in rings):
+        p.error("--chunk-kb: a positive number of KB that fits in every --ring")
     if not torch.cuda.is_available():
         print("bench/micro_boundary.py needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -187,7 +428,7 @@ def main() -> int:
     pool = torch.randint(0, 1 << 30, (POOL_BYTES // 4,), device=device, dtype=torch.int32)
     modes = (True, False) if pdl(device) else (False,)
     rows, fits = [], []
-    for blocks in BLOCKS:
+    for blocks in () if args.no_sweep else BLOCKS:
         for use_pdl in modes:
             group = []
             for mb in MBYTES:
@@ -242,9 +483,79 @@ def main() -> int:
                         f"{'ok' if r['correct'] else 'WRONG'}",
                         flush=True,
                     )
+    ring_kernel = module("probe.cu", device).kernel("probe_ring") if rings else None
+    modes = [m for m in args.ring_modes.split(",")]
+
+    def ring_label(kb: int, mode: str) -> str:
+        return f"ring-{kb}kb" + (f"-{mode}" if mode else "")
+
+    def verdict(r: dict) -> str:  # type: ignore[type-arg]
+        return {True: "ok", False: "WRONG", None: "(not checked)"}[r["correct"]]
+
+    if args.phases and rings:
+        per_launch = {(r["blocks"], r["mbytes"]): r["us_per_call"] for r in rows if r["pdl"]}
+        for kb in rings:
+            grid = ring_blocks(ring_kernel, kb << 10)
+            for mode in modes:
+                for mb in MBYTES:
+                    sizes = [int(mb * (1 << 20))] * args.phases
+                    r = time_ring(ring_kernel, pool, grid, sizes, kb << 10, chunk,
+                                  RING_MODES[mode], ["phase"] * len(sizes) if args.trace else None)  # fmt: skip
+                    row = {"barrier": ring_label(kb, mode), "blocks": grid, "mbytes": mb,
+                           "phases": args.phases, "us_per_phase": r["us_per_launch"] / args.phases,
+                           "correct": r["correct"], "stages": r["stages"], "chunk_bytes": chunk,
+                           "us_per_launch_pdl": per_launch.get((grid, mb))}  # fmt: skip
+                    if r["trace"]:
+                        row["trace"] = r["trace"]["phase"]
+                    phase_rows.append(row)
+                    print(
+                        f"  phases {row['barrier']:24s} blocks {grid:5d}  {mb:5.1f} MB  "
+                        f"{row['us_per_phase']:8.2f} us/phase  {verdict(r)}"
+                        + (f"  {_fmt_trace(row['trace'])}" if r["trace"] else ""),
+                        flush=True,
+                    )
+    layer_rows: list[dict] = []  # type: ignore[type-arg]
+    for name in layers:
+        count, stages = LAYERS[name]
+        shape = SHAPES[name.split("-int4")[0]]
+        lm_head = int4_linear_bytes(int(shape["hidden_size"]), int(shape["vocab_size"]))  # type: ignore[call-overload]
+        labels = [s for s, _ in stages] * count + ["lm_head"]
+        sizes = [n for _, n in stages] * count + [lm_head]
+        floor = sum(sizes) / (bandwidth * 1e3)
+        base = {"layers": name, "stages": [s for s, _ in stages], "layer_count": count,
+                "mbytes_per_layer": sum(n for _, n in stages) / (1 << 20),
+                "mbytes_lm_head": lm_head / (1 << 20), "floor_us_per_step": floor}  # fmt: skip
+        for blocks in [int(b) for b in args.chain_blocks.split(",") if b]:
+            us = time_chain(kernel, pool, blocks, sizes)
+            layer_rows.append(
+                {**base, "impl": f"pdl-chain-{blocks}", "blocks": blocks, "us_per_step": us}
+            )
+        for kb in rings:
+            grid = ring_blocks(ring_kernel, kb << 10)
+            for mode in modes:
+                r = time_ring(ring_kernel, pool, grid, sizes, kb << 10, chunk, RING_MODES[mode],
+                              labels if args.trace else None)  # fmt: skip
+                row = {**base, "impl": ring_label(kb, mode), "blocks": grid,
+                       "us_per_step": r["us_per_launch"], "correct": r["correct"],
+                       "stages_in_ring": r["stages"], "chunk_bytes": chunk}  # fmt: skip
+                if r["trace"]:
+                    row["trace"] = r["trace"]
+                layer_rows.append(row)
+        for r in layer_rows:
+            if r["layers"] == name:
+                print(
+                    f"  step {name:28s} {r['impl']:32s} {r['us_per_step']:8.1f} us/step "
+                    f"(floor {floor:6.1f}, x{r['us_per_step'] / floor:4.2f})"
+                    + ("  WRONG" if r.get("correct", True) is False else ""),
+                    flush=True,
+                )
+                for stage, tr in r.get("trace", {}).items():
+                    print(f"      {stage:10s} {_fmt_trace(tr)}", flush=True)
     fields = {"copy_bandwidth_gbps": bandwidth, "rows": rows, "fits": fits}
     if phase_rows:
         fields["phase_rows"] = phase_rows
+    if layer_rows:
+        fields["step_rows"] = layer_rows
     write_result(args.out, "micro-boundary", "micro_boundary.py", fields)
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ring] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -10,6 +10,8 @@
 # triton-tests: the Triton kernels compiled (tests/unit/test_kernels.py, plain and PDL
 # launches).
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
+# ring: bench/micro_boundary.py's persistent ring probe on whole INT4 steps' bytes, against
+#   chains of PDL launches (bench/README.md, "A persistent kernel that streams ahead").
 # timeline: bench/step_timeline.py (each kernel of a decode step on the GPU's clock; TIMELINE_ARGS).
 # ends: bench/step_ends.py (the step's embedding and position advance, PyTorch's against nib's; ENDS_ARGS).
 # fused-pick: bench/fused_pick.py (the greedy pick folded into the INT4 lm_head against a kernel of its own; PICK_BENCH_ARGS).
@@ -77,6 +79,10 @@ for step in ${*:-tests int4 typing decode}; do
                 grep -E "^(FAILED|ERROR)" "$LOGS/cuda-tests.log" | cut -c1-200 | head -30 ;;
     boundary) TAIL=40 run boundary ${BOUNDARY_CAP:-120} python3 bench/micro_boundary.py --out bench/results \
                 ${BOUNDARY_ARGS:---phases 64} ;;
+    ring) TAIL=70 run ring ${RING_CAP:-300} python3 bench/micro_boundary.py --out bench/results \
+            --phases 64 --ring 64,96,192 --ring-modes ,no-barrier,no-read,no-barrier-no-read --trace \
+            --chain-blocks 132,264,528,1056 \
+            --steps qwen2.5-coder-1.5b-int4,qwen2.5-coder-1.5b-int4-4k,llama-2-7b-int4,llama-2-7b-int4-4k ;;
     micro) for m in bench/micro_*.py; do
              name=$(basename "$m" .py)
              extra=""  # the 16-bit sweep compiles Triton tiles: the short list, in a budget

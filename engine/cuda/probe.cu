@@ -214,3 +214,139 @@ extern "C" __global__ void __launch_bounds__(256) probe_phases_count(const Phase
 extern "C" __global__ void __launch_bounds__(256, 1) probe_phases_flags(const PhaseArgs a) {
   phases_body<8, BAR_FLAGS>(a);
 }
+
+// ---- probe_ring: a persistent kernel whose weight stream never waits for a barrier -----
+// What a whole-step persistent ("mega") kernel could gain over kernel-per-op. A decode
+// step's weights do not depend on its activations, so one warp of every block (the
+// producer) streams the block's share of every phase's data, phase after phase, into a
+// ring of shared-memory slots by bulk copies (cp.async.bulk, completing on an mbarrier
+// per slot), limited only by the ring's depth, never by the grid barrier. The other 8
+// warps (the consumers) wait at the grid barrier (BAR_COUNT's monotonic count) for the
+// previous phase, then read its output (the "activation", from L2: every consumer thread
+// waits for it before its first multiply-add, as a GEMV's products wait for their
+// input), consume the phase's slots as they fill and hand each slot back (an arrival on
+// its `empty` mbarrier). Phases may differ in size (a layer's q/k/v, attention, o_proj,
+// gate_up and down), given per phase. sm_90 only (bulk copies); every block must be
+// resident at once (one block per SM: the ring takes most of shared memory).
+struct RingArgs {
+  const uint4* src;            // the data pool
+  float* out;                  // [phases][blocks]
+  unsigned* count;             // arrivals (monotonic: every launch adds blocks x phases)
+  int* err;                    // set when a grid-barrier wait gave up
+  const long long* offs;       // [phases] the phase's first vector in src
+  const int* per_block;        // [phases] vectors of 16 bytes per block in the phase
+  int phases;
+  int chunk_vecs;              // vectors per ring slot
+  int stages;                  // ring slots (at most RING_MAX_STAGES)
+  int spin_limit;
+  int mode;                    // RING_* bits below; 0 for the probe as described
+  unsigned long long* stamps;  // [phases][blocks][2] or null: %globaltimer when the block
+                               // passed the phase's barrier and when it arrived at the next
+};
+
+// Diagnostic modes (outputs are then not the reference's; the bench does not check them):
+enum { RING_NO_BARRIER = 1,  // consumers do not wait for the previous phase
+       RING_NO_READ = 2 };   // consumers hand every slot back unread
+
+constexpr int RING_CONSUMER_WARPS = 8;
+constexpr int RING_CONSUMERS = RING_CONSUMER_WARPS * 32;
+constexpr int RING_MAX_STAGES = 64;
+
+#if __CUDA_ARCH__ >= 900
+NIB_DEVICE void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+NIB_DEVICE unsigned long long ring_clock() {  // ns, one clock for all SMs
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// The consumer warps only (the producer warp never joins): named barrier 1.
+NIB_DEVICE void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(RING_CONSUMERS) : "memory"); }
+#endif
+
+extern "C" __global__ void __launch_bounds__(RING_CONSUMERS + 32, 1) probe_ring(const RingArgs a) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint4 ring[];
+  __shared__ __align__(8) u64 full[RING_MAX_STAGES];
+  __shared__ __align__(8) u64 empty[RING_MAX_STAGES];
+  __shared__ float part[RING_CONSUMER_WARPS];
+  __shared__ unsigned base;
+  const int nb = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      mbar_init(&full[s], 1);                     // the producer's expect_tx arrival
+      mbar_init(&empty[s], RING_CONSUMER_WARPS);  // one arrival per consumer warp
+    }
+    fence_mbar_init();
+    // As probe_phases_count: blocks of this launch already in phase 0 added fewer than nb.
+    const unsigned c = ld_acquire_u32(a.count), per = (unsigned)nb * (unsigned)a.phases;
+    base = c - c % per;
+  }
+  __syncthreads();  // the last block-wide barrier: the producer warp leaves below
+  if (warp == RING_CONSUMER_WARPS) {
+    if (lane == 0) {
+      unsigned fill = 0;
+      for (int ph = 0; ph < a.phases; ++ph) {
+        const int n = a.per_block[ph];
+        const uint4* p = a.src + a.offs[ph] + (size_t)blockIdx.x * n;
+        for (int i = 0; i < n; i += a.chunk_vecs, ++fill) {
+          const int slot = (int)(fill % (unsigned)a.stages);
+          const unsigned round = fill / (unsigned)a.stages;
+          if (round > 0) mbar_wait(&empty[slot], (round - 1) & 1u);  // consumers are done with it
+          const int v = min(a.chunk_vecs, n - i);
+          mbar_expect_tx(&full[slot], (u32)v * 16u);
+          bulk_g2s(ring + (size_t)slot * a.chunk_vecs, p + i, (u32)v * 16u, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+  unsigned use = 0;
+  for (int ph = 0; ph < a.phases; ++ph) {
+    const int n = a.per_block[ph];
+    if (ph > 0 && !(a.mode & RING_NO_BARRIER)) {  // every block's output of the previous phase is written
+      if (threadIdx.x == 0) {
+        const unsigned target = base + (unsigned)nb * (unsigned)ph;
+        int spins = 0;
+        while ((int)(ld_acquire_u32(a.count) - target) < 0) {
+          if (++spins > a.spin_limit) {
+            atomicExch(a.err, 1);
+            break;
+          }
+        }
+      }
+      consumers_sync();
+    }
+    if (a.stamps && threadIdx.x == 0) a.stamps[((size_t)ph * nb + blockIdx.x) * 2] = ring_clock();
+    // The "activation": a neighbour's output of the previous phase, read by every thread.
+    // The sums are never negative, so w is 1, but no multiply-add can start before it.
+    const float act = ph > 0 ? ld_cg(a.out + (size_t)(ph - 1) * nb + (blockIdx.x + 1) % nb) : 0.f;
+    const float w = act >= 0.f ? 1.f : 2.f;
+    float s = 0.f;
+    for (int i = 0; i < n; i += a.chunk_vecs, ++use) {
+      const int slot = (int)(use % (unsigned)a.stages);
+      mbar_wait(&full[slot], (use / (unsigned)a.stages) & 1u);
+      const int v = min(a.chunk_vecs, n - i);
+      const uint4* c = ring + (size_t)slot * a.chunk_vecs;
+      for (int j = threadIdx.x; j < ((a.mode & RING_NO_READ) ? 0 : v); j += RING_CONSUMERS) {
+        const uint4 x = c[j];
+        s = fmaf((float)(x.x & 1u) + (float)(x.w & 1u), w, s);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[slot]);
+    }
+    s = warp_sum(s);
+    if (lane == 0) part[warp] = s;
+    consumers_sync();
+    if (threadIdx.x == 0) {
+      float t = 0.f;
+#pragma unroll
+      for (int k = 0; k < RING_CONSUMER_WARPS; ++k) t += part[k];
+      a.out[(size_t)ph * nb + blockIdx.x] = t + act;
+      red_release_add(a.count, 1u);  // orders the store above before the arrival
+      if (a.stamps) a.stamps[((size_t)ph * nb + blockIdx.x) * 2 + 1] = ring_clock();
+    }
+  }
+#endif
+}

@@ -32,6 +32,23 @@ from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
 from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
 from nib.engine.cuda.w4a16 import DequantArgs, PickPtrs, W4Args, W4PickArgs  # noqa: E402
 
+
+def _micro_boundary_structs() -> tuple[type[ctypes.Structure], ...]:
+    """bench/micro_boundary.py's twins of probe.cu's structs (a script, not a package)."""
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("micro_boundary", bench / "micro_boundary.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ProbeArgs, mod.PhaseArgs, mod.RingArgs
+
+
+ProbeArgs, PhaseArgs, RingArgs = _micro_boundary_structs()
+
 STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("gemv16.cu", "G16Args", G16Args),
     ("w4a16.cu", "W4Args", W4Args),
@@ -41,6 +58,9 @@ STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("attention.cu", "RopeAttnArgs", RopeAttnArgs),
     ("greedy.cu", "GreedyArgs", GreedyArgs),
     ("embed.cu", "EmbedArgs", EmbedArgs),
+    ("probe.cu", "ProbeArgs", ProbeArgs),
+    ("probe.cu", "PhaseArgs", PhaseArgs),
+    ("probe.cu", "RingArgs", RingArgs),
 ]
 
 
