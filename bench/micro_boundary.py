@@ -78,27 +78,48 @@ def int4_linear_bytes(inputs: int, outputs: int) -> int:
     return inputs * outputs // 2 + inputs // 128 * outputs * 2
 
 
-def layer_stages(shape: dict[str, object], context: int) -> tuple[tuple[str, int], ...]:
-    """One INT4 decode layer's dependent stages and the bytes each reads: q/k/v, the
-    attention's K and V rows at `context` (16-bit), o_proj, gate_up, down."""
+def bf16_linear_bytes(inputs: int, outputs: int) -> int:
+    return inputs * outputs * 2
+
+
+LINEAR_BYTES = {"int4": int4_linear_bytes, "bf16": bf16_linear_bytes}
+
+
+def layer_stages(
+    shape: dict[str, object], context: int, fmt: str = "int4"
+) -> tuple[tuple[str, int], ...]:
+    """One decode layer's dependent stages and the bytes each reads with `fmt` weights:
+    q/k/v, the attention's K and V rows at `context` (16-bit), o_proj, gate_up, down."""
+    linear = LINEAR_BYTES[fmt]
     h, i = int(shape["hidden_size"]), int(shape["intermediate_size"])  # type: ignore[call-overload]
     heads, kv = int(shape["num_attention_heads"]), int(shape["num_key_value_heads"])  # type: ignore[call-overload]
     d = h // heads
     return (
-        ("qkv", int4_linear_bytes(h, (heads + 2 * kv) * d)),
+        ("qkv", linear(h, (heads + 2 * kv) * d)),
         ("attention", context * kv * d * 2 * 2),
-        ("o_proj", int4_linear_bytes(h, h)),
-        ("gate_up", int4_linear_bytes(h, 2 * i)),
-        ("down", int4_linear_bytes(i, h)),
+        ("o_proj", linear(h, h)),
+        ("gate_up", linear(h, 2 * i)),
+        ("down", linear(i, h)),
     )
 
 
-# bench/decode.py's shapes at its contexts (prompt 512 + 128 decoded; 4K): layer count, stages.
+# bench/decode.py's shapes and weight formats at its contexts (prompt 512 + 128 decoded;
+# 4K): layer count, stages. The step adds the lm_head (step_bytes).
 LAYERS = {
-    f"{name}-int4{suffix}": (int(shape["num_hidden_layers"]), layer_stages(shape, ctx))  # type: ignore[call-overload]
+    f"{name}-{fmt}{suffix}": (int(shape["num_hidden_layers"]), layer_stages(shape, ctx, fmt))  # type: ignore[call-overload]
     for name, shape in SHAPES.items()
+    for fmt in LINEAR_BYTES
     for suffix, ctx in (("", 640), ("-4k", 4096))
 }
+
+
+def step_phases(name: str) -> tuple[list[str], list[int]]:
+    """A whole decode step of LAYERS[name] as phases: labels and bytes (the lm_head last)."""
+    count, stages = LAYERS[name]
+    shape_name, fmt = name.removesuffix("-4k").rsplit("-", 1)
+    shape = SHAPES[shape_name]
+    lm_head = LINEAR_BYTES[fmt](int(shape["hidden_size"]), int(shape["vocab_size"]))  # type: ignore[call-overload]
+    return [s for s, _ in stages] * count + ["lm_head"], [n for _, n in stages] * count + [lm_head]
 
 
 class PhaseArgs(ctypes.Structure):
@@ -517,10 +538,8 @@ def main() -> int:
     layer_rows: list[dict] = []  # type: ignore[type-arg]
     for name in layers:
         count, stages = LAYERS[name]
-        shape = SHAPES[name.split("-int4")[0]]
-        lm_head = int4_linear_bytes(int(shape["hidden_size"]), int(shape["vocab_size"]))  # type: ignore[call-overload]
-        labels = [s for s, _ in stages] * count + ["lm_head"]
-        sizes = [n for _, n in stages] * count + [lm_head]
+        labels, sizes = step_phases(name)
+        lm_head = sizes[-1]
         floor = sum(sizes) / (bandwidth * 1e3)
         base = {"layers": name, "stages": [s for s, _ in stages], "layer_count": count,
                 "mbytes_per_layer": sum(n for _, n in stages) / (1 << 20),

@@ -1,0 +1,44 @@
+"""bench/micro_boundary.py's whole-step phases read what bench/decode.py says a decode step
+reads: every linear and the K/V rows, less the norms' weights and the embedding row
+(which no probe phase models), for both shapes, both weight formats and both contexts."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fmt", ["int4", "bf16"])
+@pytest.mark.parametrize("context", [640, 4096])
+@pytest.mark.parametrize("shape", ["llama-2-7b", "qwen2.5-coder-1.5b"])
+def test_a_steps_phases_read_the_decode_benchs_bytes(shape: str, context: int, fmt: str) -> None:
+    from nib.engine.config import ModelConfig
+
+    mb, decode = _load("micro_boundary"), _load("decode")
+    name = f"{shape}-{fmt}" + ("-4k" if context == 4096 else "")
+    labels, sizes = mb.step_phases(name)
+    cfg = ModelConfig.from_hf(dict(decode.SHAPES[shape]))
+    assert len(sizes) == len(labels) == 5 * cfg.num_layers + 1
+    assert labels[:5] == ["qkv", "attention", "o_proj", "gate_up", "down"]
+    assert labels[-1] == "lm_head"
+    per_weight = 0.5 + 2 / 128 if fmt == "int4" else 2.0
+    expected = decode.bytes_per_token(cfg, context, per_weight)
+    unmodelled = (2 * cfg.num_layers + 1) * cfg.hidden_size * 2 + cfg.hidden_size * 2
+    assert sum(sizes) == expected - unmodelled
