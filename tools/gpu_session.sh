@@ -11,7 +11,8 @@
 # launches).
 # boundary: bench/micro_boundary.py (kernel boundary and grid-barrier probes; BOUNDARY_ARGS).
 # ring: bench/micro_boundary.py's persistent ring probe on whole INT4 steps' bytes, against
-#   chains of PDL launches (bench/README.md, "A persistent kernel that streams ahead").
+#   chains of PDL launches (bench/README.md, "A persistent kernel that streams ahead");
+#   RING_STEPS=qwen2.5-coder-1.5b-bf16,... for the 16-bit steps.
 # timeline: bench/step_timeline.py (each kernel of a decode step on the GPU's clock; TIMELINE_ARGS).
 # ends: bench/step_ends.py (the step's embedding and position advance, PyTorch's against nib's; ENDS_ARGS).
 # fused-pick: bench/fused_pick.py (the greedy pick folded into the INT4 lm_head against a kernel of its own; PICK_BENCH_ARGS).
@@ -82,7 +83,7 @@ for step in ${*:-tests int4 typing decode}; do
     ring) TAIL=70 run ring ${RING_CAP:-300} python3 bench/micro_boundary.py --out bench/results \
             --phases 64 --ring 64,96,192 --ring-modes ,no-barrier,no-read,no-barrier-no-read --trace \
             --chain-blocks 132,264,528,1056 \
-            --steps qwen2.5-coder-1.5b-int4,qwen2.5-coder-1.5b-int4-4k,llama-2-7b-int4,llama-2-7b-int4-4k ;;
+            --steps ${RING_STEPS:-qwen2.5-coder-1.5b-int4,qwen2.5-coder-1.5b-int4-4k,llama-2-7b-int4,llama-2-7b-int4-4k} ;;
     micro) for m in bench/micro_*.py; do
              name=$(basename "$m" .py)
              extra=""  # the 16-bit sweep compiles Triton tiles: the short list, in a budget
