@@ -416,6 +416,11 @@ def main() -> int:
     )
     p.add_argument("--no-sweep", action="store_true", help="skip the per-launch sweep")
     p.add_argument(
+        "--linears",
+        action="store_true",
+        help="time probe_stream on each INT4 linear's bytes (bench/int4_linear.py's layers)",
+    )
+    p.add_argument(
         "--ring-modes",
         default="",
         help="probe_ring variants, comma-separated from "
@@ -570,7 +575,38 @@ def main() -> int:
                 )
                 for stage, tr in r.get("trace", {}).items():
                     print(f"      {stage:10s} {_fmt_trace(tr)}", flush=True)
+    linear_rows: list[dict] = []  # type: ignore[type-arg]
+    layer_sums: dict[str, float] = {}
+    if args.linears:
+        for shape_name, shape in SHAPES.items():
+            stages = dict(layer_stages(shape, 0, "int4"))
+            stages["lm_head"] = int4_linear_bytes(
+                int(shape["hidden_size"]), int(shape["vocab_size"])
+            )  # type: ignore[call-overload]
+            for layer in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
+                nbytes = stages[layer]
+                by_grid = {b: time_case(kernel, pool, b, nbytes, True) for b in BLOCKS}
+                best = min(by_grid, key=by_grid.__getitem__)
+                linear_rows.append({"layer": f"{shape_name}.{layer}", "weight_bytes": nbytes,
+                                    "us_by_blocks": by_grid, "us_best": by_grid[best],
+                                    "blocks_best": best})  # fmt: skip
+                print(
+                    f"  linear {shape_name}.{layer:8s} {nbytes / 2**20:7.2f} MiB  "
+                    f"{by_grid[best]:6.2f} us at {best} blocks "
+                    f"({nbytes / by_grid[best] / 1e3:5.0f} GB/s)",
+                    flush=True,
+                )
+            layer_sum = sum(
+                r["us_best"]
+                for r in linear_rows
+                if r["layer"].rsplit(".", 1)[0] == shape_name and not r["layer"].endswith("lm_head")
+            )
+            print(f"  linear {shape_name}: one layer's four {layer_sum:6.2f} us", flush=True)
+            layer_sums[shape_name] = layer_sum
     fields = {"copy_bandwidth_gbps": bandwidth, "rows": rows, "fits": fits}
+    if linear_rows:
+        fields["linear_rows"] = linear_rows
+        fields["linear_layer_us"] = layer_sums
     if phase_rows:
         fields["phase_rows"] = phase_rows
     if layer_rows:

@@ -68,12 +68,13 @@ def test_every_output_is_the_reference(
 
 def test_the_step_rows_of_the_bench(tmp_path: Path) -> None:
     """`bench/micro_boundary.py --steps` as a user runs it: the chain and the ring over a
-    whole INT4 step's bytes, the ring's outputs checked, its trace split by stage."""
+    whole INT4 step's bytes, the ring's outputs checked, its trace split by stage; and
+    --linears, the probe on each INT4 linear's bytes."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs an sm_90 GPU (bulk copies)")
     from tests.gpu.bench_run import run_bench
 
-    args = ["--no-sweep", "--ring", "64", "--ring-modes", ",no-read", "--trace"]
+    args = ["--no-sweep", "--ring", "64", "--ring-modes", ",no-read", "--trace", "--linears"]
     args += ["--steps", "qwen2.5-coder-1.5b-int4", "--chain-blocks", "132"]
     result = run_bench("micro_boundary.py", args, tmp_path, "micro-boundary")
     rows = {r["impl"]: r for r in result["step_rows"]}
@@ -85,3 +86,9 @@ def test_the_step_rows_of_the_bench(tmp_path: Path) -> None:
     stages = ["qkv", "attention", "o_proj", "gate_up", "down", "lm_head"]
     assert list(rows["ring-64kb"]["trace"]) == stages
     assert all(t["span_us"] > 0 for t in rows["ring-64kb"]["trace"].values())
+    linears = {r["layer"]: r for r in result["linear_rows"]}
+    assert len(linears) == 10 and "llama-2-7b.gate_up" in linears
+    assert all(r["us_best"] > 0 for r in linears.values())
+    for shape in ("llama-2-7b", "qwen2.5-coder-1.5b"):  # the four of a layer, not the lm_head
+        four = [linears[f"{shape}.{x}"]["us_best"] for x in ("qkv", "o_proj", "gate_up", "down")]
+        assert result["linear_layer_us"][shape] == pytest.approx(sum(four))
