@@ -205,15 +205,9 @@ def resident_blocks(kernel, threads: int, shared: int) -> int:  # type: ignore[n
 def expected_phases(
     pool: torch.Tensor, blocks: int, per_block: int, phases: int, region: int, wrap: int
 ) -> torch.Tensor:
-    """What probe_phases must write: [phases, blocks]."""
-    words = pool.view(-1, 4)
-    out = torch.zeros(phases, blocks, dtype=torch.float64, device=pool.device)
-    for ph in range(phases):
-        off = (ph * region) % wrap
-        v = words[off : off + blocks * per_block].reshape(blocks, per_block, 4)
-        s = ((v[..., 0] & 1) + (v[..., 3] & 1)).sum(-1).double()
-        out[ph] = s + (out[ph - 1].roll(-1) if ph else 0)
-    return out
+    """What probe_phases must write: [phases, blocks] (probe_ring's sums, equal phases)."""
+    offs = [(ph * region) % wrap for ph in range(phases)]
+    return expected_ring(pool, blocks, [per_block] * phases, offs)
 
 
 def time_phases(kernel, pool: torch.Tensor, blocks: int, nbytes: int, phases: int) -> dict:  # type: ignore[no-untyped-def,type-arg]

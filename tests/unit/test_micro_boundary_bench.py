@@ -42,3 +42,19 @@ def test_a_steps_phases_read_the_decode_benchs_bytes(shape: str, context: int, f
     expected = decode.bytes_per_token(cfg, context, per_weight)
     unmodelled = (2 * cfg.num_layers + 1) * cfg.hidden_size * 2 + cfg.hidden_size * 2
     assert sum(sizes) == expected - unmodelled
+
+
+def test_the_ring_reference_by_hand() -> None:
+    """expected_ring (what probe_ring and probe_phases are checked against) on four
+    16-byte vectors: a block's phase sum is the low bits of words 0 and 3 of its vectors,
+    plus the next block's sum of the phase before."""
+    import torch
+
+    mb = _load("micro_boundary")
+    vecs = [[1, 0, 0, 1], [3, 9, 9, 2], [0, 7, 7, 5], [2, 1, 1, 1]]  # words 0 and 3: bits
+    pool = torch.tensor(vecs, dtype=torch.int32).view(-1)
+    out = mb.expected_ring(pool, 2, [1, 1], [0, 2])
+    # phase 0: block 0 reads vector 0 (1 + 1), block 1 vector 1 (1 + 0)
+    # phase 1: block 0 vector 2 (0 + 1) + block 1's 1; block 1 vector 3 (0 + 1) + block 0's 2
+    assert out.tolist() == [[2.0, 1.0], [2.0, 3.0]]
+    assert mb.expected_phases(pool, 2, 1, 2, 2, 4).tolist() == out.tolist()
