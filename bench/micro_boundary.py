@@ -240,16 +240,18 @@ def time_phases(kernel, pool: torch.Tensor, blocks: int, nbytes: int, phases: in
     return {"us_per_phase": statistics.median(times), "correct": ok}
 
 
-def phase_regions(pool_vecs: int, sizes: list[int]) -> list[int]:
-    """Each phase's first vector: consecutive regions through the pool, back to its start
-    when the next one would not fit, so no phase's data is still in L2 from a recent one."""
+def phase_layout(pool: torch.Tensor, blocks: int, sizes: list[int]) -> tuple[list[int], list[int]]:
+    """Phases of `sizes` bytes over `blocks` blocks: each block's 16-byte vectors per phase,
+    and each phase's first vector in the pool, the regions consecutive and back to the
+    pool's start when the next would not fit (so no phase's data is still in L2)."""
+    per_block = [n // 16 // blocks for n in sizes]
     offs, at = [], 0
-    for n in sizes:
-        if at + n > pool_vecs:
+    for n in per_block:
+        if at + n * blocks > pool.numel() // 4:
             at = 0
         offs.append(at)
-        at += n
-    return offs
+        at += n * blocks
+    return per_block, offs
 
 
 def expected_ring(
@@ -311,14 +313,13 @@ def time_ring(  # type: ignore[no-untyped-def]
 ) -> dict:  # type: ignore[type-arg]
     """probe_ring over phases of `sizes` bytes: µs per launch, and whether every output
     was right in the launch checked (the first) and no barrier wait gave up in any (a
-    diagnostic `mode` is not checked: "correct" is then None). With `period`, one more
-    launch records when each block passed each barrier (`trace`: ring_trace's, with a
-    label per phase)."""
+    diagnostic `mode` is not checked: "correct" is then None). With `labels` (one per
+    phase), one more launch records when each block passed each barrier (`trace`:
+    ring_trace's)."""
     stages = min(RING_MAX_STAGES, ring_bytes // chunk_bytes)
     if stages < 1:
         raise ValueError(f"a ring of {ring_bytes} bytes holds no chunk of {chunk_bytes}")
-    per_block = [n // 16 // blocks for n in sizes]
-    offs = phase_regions(pool.numel() // 4, [n * blocks for n in per_block])
+    per_block, offs = phase_layout(pool, blocks, sizes)
     dev = pool.device
     per_t = torch.tensor(per_block, dtype=torch.int32, device=dev)
     offs_t = torch.tensor(offs, dtype=torch.int64, device=dev)
@@ -365,8 +366,7 @@ def _fmt_trace(tr: dict[str, float]) -> str:
 
 def time_chain(kernel, pool: torch.Tensor, blocks: int, sizes: list[int]) -> float:  # type: ignore[no-untyped-def]
     """µs for one pass of probe_stream launches over `sizes` (PDL, one CUDA graph)."""
-    per_block = [n // 16 // blocks for n in sizes]
-    offs = phase_regions(pool.numel() // 4, [n * blocks for n in per_block])
+    per_block, offs = phase_layout(pool, blocks, sizes)
     outs = [torch.zeros(blocks, device=pool.device) for _ in range(2)]
     fns = []
     for i, (n, off) in enumerate(zip(per_block, offs, strict=True)):
@@ -427,11 +427,11 @@ def main() -> int:
     for mode in args.ring_modes.split(","):
         if mode not in RING_MODES:
             p.error(f"--ring-modes: {mode!r} is not one of {', '.join(map(repr, RING_MODES))}")
-    layers = [name for name in args.steps.split(",") if name]
-    for name in layers:
+    steps = [name for name in args.steps.split(",") if name]
+    for name in steps:
         if name not in LAYERS:
             p.error(f"--steps: {name!r} is not one of {', '.join(LAYERS)}")
-    if layers and not rings:
+    if steps and not rings:
         p.error("--steps needs --ring")
     chunk = args.chunk_kb << 10
     if chunk <= 0 or chunk % 16 or any((kb << 10) < chunk for kb in rings):
@@ -504,7 +504,7 @@ def main() -> int:
                         flush=True,
                     )
     ring_kernel = module("probe.cu", device).kernel("probe_ring") if rings else None
-    modes = [m for m in args.ring_modes.split(",")]
+    ring_modes = args.ring_modes.split(",")
 
     def ring_label(kb: int, mode: str) -> str:
         return f"ring-{kb}kb" + (f"-{mode}" if mode else "")
@@ -516,7 +516,7 @@ def main() -> int:
         per_launch = {(r["blocks"], r["mbytes"]): r["us_per_call"] for r in rows if r["pdl"]}
         for kb in rings:
             grid = ring_blocks(ring_kernel, kb << 10)
-            for mode in modes:
+            for mode in ring_modes:
                 for mb in MBYTES:
                     sizes = [int(mb * (1 << 20))] * args.phases
                     r = time_ring(ring_kernel, pool, grid, sizes, kb << 10, chunk,
@@ -534,8 +534,8 @@ def main() -> int:
                         + (f"  {_fmt_trace(row['trace'])}" if r["trace"] else ""),
                         flush=True,
                     )
-    layer_rows: list[dict] = []  # type: ignore[type-arg]
-    for name in layers:
+    step_rows: list[dict] = []  # type: ignore[type-arg]
+    for name in steps:
         count, stages = LAYERS[name]
         labels, sizes = step_phases(name)
         lm_head = sizes[-1]
@@ -545,12 +545,12 @@ def main() -> int:
                 "mbytes_lm_head": lm_head / (1 << 20), "floor_us_per_step": floor}  # fmt: skip
         for blocks in [int(b) for b in args.chain_blocks.split(",") if b]:
             us = time_chain(kernel, pool, blocks, sizes)
-            layer_rows.append(
+            step_rows.append(
                 {**base, "impl": f"pdl-chain-{blocks}", "blocks": blocks, "us_per_step": us}
             )
         for kb in rings:
             grid = ring_blocks(ring_kernel, kb << 10)
-            for mode in modes:
+            for mode in ring_modes:
                 r = time_ring(ring_kernel, pool, grid, sizes, kb << 10, chunk, RING_MODES[mode],
                               labels if args.trace else None)  # fmt: skip
                 row = {**base, "impl": ring_label(kb, mode), "blocks": grid,
@@ -558,8 +558,8 @@ def main() -> int:
                        "stages_in_ring": r["stages"], "chunk_bytes": chunk}  # fmt: skip
                 if r["trace"]:
                     row["trace"] = r["trace"]
-                layer_rows.append(row)
-        for r in layer_rows:
+                step_rows.append(row)
+        for r in step_rows:
             if r["layers"] == name:
                 print(
                     f"  step {name:28s} {r['impl']:32s} {r['us_per_step']:8.1f} us/step "
@@ -572,29 +572,25 @@ def main() -> int:
     linear_rows: list[dict] = []  # type: ignore[type-arg]
     layer_sums: dict[str, float] = {}
     if args.linears:
-        for shape_name, shape in SHAPES.items():
-            stages = dict(layer_stages(shape, 0, "int4"))
-            stages["lm_head"] = int4_linear_bytes(
-                int(shape["hidden_size"]), int(shape["vocab_size"])
-            )  # type: ignore[call-overload]
-            for layer in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
-                nbytes = stages[layer]
+        from int4_linear import LAYERS as INT4_LINEARS  # imports the INT4 kernels: only here
+
+        for shape_name, linears in INT4_LINEARS.items():
+            layer_sum = 0.0
+            for layer, (k, n) in linears.items():
+                nbytes = int4_linear_bytes(k, n)
                 by_grid = {b: time_case(kernel, pool, b, nbytes, True) for b in BLOCKS}
                 best = min(by_grid, key=by_grid.__getitem__)
                 linear_rows.append({"layer": f"{shape_name}.{layer}", "weight_bytes": nbytes,
                                     "us_by_blocks": by_grid, "us_best": by_grid[best],
                                     "blocks_best": best})  # fmt: skip
+                if layer != "lm_head":
+                    layer_sum += by_grid[best]
                 print(
                     f"  linear {shape_name}.{layer:8s} {nbytes / 2**20:7.2f} MiB  "
                     f"{by_grid[best]:6.2f} us at {best} blocks "
                     f"({nbytes / by_grid[best] / 1e3:5.0f} GB/s)",
                     flush=True,
                 )
-            layer_sum = sum(
-                r["us_best"]
-                for r in linear_rows
-                if r["layer"].rsplit(".", 1)[0] == shape_name and not r["layer"].endswith("lm_head")
-            )
             print(f"  linear {shape_name}: one layer's four {layer_sum:6.2f} us", flush=True)
             layer_sums[shape_name] = layer_sum
     fields = {"copy_bandwidth_gbps": bandwidth, "rows": rows, "fits": fits}
@@ -603,8 +599,8 @@ def main() -> int:
         fields["linear_layer_us"] = layer_sums
     if phase_rows:
         fields["phase_rows"] = phase_rows
-    if layer_rows:
-        fields["step_rows"] = layer_rows
+    if step_rows:
+        fields["step_rows"] = step_rows
     write_result(args.out, "micro-boundary", "micro_boundary.py", fields)
     return 0
 

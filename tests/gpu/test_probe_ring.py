@@ -10,26 +10,15 @@ last chunk shorter than a slot, empty phases and phases of different sizes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from tests.bench_modules import load_bench
+
 pytestmark = pytest.mark.gpu
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("micro_boundary", BENCH / "micro_boundary.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +27,7 @@ def setup() -> tuple[ModuleType, object, torch.Tensor]:
         pytest.skip("needs an sm_90 GPU (bulk copies)")
     from nib.engine.cuda.loader import module
 
-    mb = _bench()
+    mb = load_bench("micro_boundary")
     kernel = module("probe.cu", torch.device("cuda")).kernel("probe_ring")
     gen = torch.Generator(device="cuda").manual_seed(7)
     pool = torch.randint(0, 1 << 30, (16 << 20,), device="cuda", dtype=torch.int32, generator=gen)

@@ -31,23 +31,10 @@ from nib.engine.cuda.embed import EmbedArgs  # noqa: E402
 from nib.engine.cuda.gemv16 import G16Args  # noqa: E402
 from nib.engine.cuda.greedy import GreedyArgs  # noqa: E402
 from nib.engine.cuda.w4a16 import DequantArgs, PickPtrs, W4Args, W4PickArgs  # noqa: E402
+from tests.bench_modules import load_bench  # noqa: E402
 
-
-def _micro_boundary_structs() -> tuple[type[ctypes.Structure], ...]:
-    """bench/micro_boundary.py's twins of probe.cu's structs (a script, not a package)."""
-    import importlib.util
-    import sys
-
-    bench = Path(__file__).resolve().parents[2] / "bench"
-    sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location("micro_boundary", bench / "micro_boundary.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.ProbeArgs, mod.PhaseArgs, mod.RingArgs
-
-
-ProbeArgs, PhaseArgs, RingArgs = _micro_boundary_structs()
+_probe = load_bench("micro_boundary")  # probe.cu's ctypes twins live in its bench script
+ProbeArgs, PhaseArgs, RingArgs = _probe.ProbeArgs, _probe.PhaseArgs, _probe.RingArgs
 
 STRUCTS = [  # (kernel source, struct name, its ctypes twin)
     ("gemv16.cu", "G16Args", G16Args),

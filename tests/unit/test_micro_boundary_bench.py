@@ -4,25 +4,11 @@ reads: every linear and the K/V rows, less the norms' weights and the embedding 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from tests.bench_modules import load_bench
+
 pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("fmt", ["int4", "bf16"])
@@ -31,7 +17,7 @@ def _load(name: str) -> ModuleType:
 def test_a_steps_phases_read_the_decode_benchs_bytes(shape: str, context: int, fmt: str) -> None:
     from nib.engine.config import ModelConfig
 
-    mb, decode = _load("micro_boundary"), _load("decode")
+    mb, decode = load_bench("micro_boundary"), load_bench("decode")
     name = f"{shape}-{fmt}" + ("-4k" if context == 4096 else "")
     labels, sizes = mb.step_phases(name)
     cfg = ModelConfig.from_hf(dict(decode.SHAPES[shape]))
@@ -50,7 +36,7 @@ def test_the_ring_reference_by_hand() -> None:
     plus the next block's sum of the phase before."""
     import torch
 
-    mb = _load("micro_boundary")
+    mb = load_bench("micro_boundary")
     vecs = [[1, 0, 0, 1], [3, 9, 9, 2], [0, 7, 7, 5], [2, 1, 1, 1]]  # words 0 and 3: bits
     pool = torch.tensor(vecs, dtype=torch.int32).view(-1)
     out = mb.expected_ring(pool, 2, [1, 1], [0, 2])
