@@ -1,0 +1,125 @@
+"""What holds nib's INT4 kernel back at 2..16 rows: the activations' reads, or the rest?
+
+    python3 bench/micro_w4_rows.py --out bench/results [--shapes llama-2-7b] [--ms 8,16]
+
+Issue 5 asks for one Llama-2-7B layer's four linears in 40 µs at M = 16; they take
+~49 µs there against ~36 at M = 1 (bench/int4_linear.py). At 2..16 rows each block of
+`w4a16.cu` reads its K slice of every activation row from global memory, per warp and
+group, just before the group's products (the one-row kernels stage the row in shared
+memory once). Summed over the blocks that is ~170 MB of L2 reads a 7B layer beside 14 MB
+of weights. This script times every multi-row config of each layer (as
+`bench/int4_linear.py` does: back to back in a CUDA graph, weights rotated out of L2) on
+two activation tensors of the same M rows: `distinct` (an [M, K] tensor, what the engine
+passes) and `one-row` (one row expanded to M, stride 0: every block's reads hit the same
+K x 2 bytes, so the L2 traffic and its latency all but vanish while the products stay
+the same). If `one-row` is much faster, the activations' reads are what to fix; if not,
+they are not. Every output is checked against an fp32 reference from a poisoned output.
+Writes `<out>/<date>-micro-w4-rows.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbps
+from int4_linear import CALLS, LAYERS, copies
+
+from nib.engine.cuda.timing import graph_us
+
+
+def time_layer(k: int, n: int, m: int) -> list[dict]:
+    from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4, runs_on
+
+    g = torch.Generator(device="cuda").manual_seed(k * 7 + n + m)
+    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=g) * 0.02 + 1e-3).half()
+    w = ((codes.float() - 8).view(n, k // 128, 128) * scales.t().float()[:, :, None]).view(n, k)
+    sources = {
+        "distinct": torch.randn(m, k, device="cuda", generator=g).half(),
+        "one-row": torch.randn(1, k, device="cuda", generator=g).half().expand(m, k),
+    }
+    base = CudaInt4(codes, scales, None, "", "bench", torch.float16)
+    layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
+    out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    rows, seen = [], set()
+    for cfg in MULTI_ROW:
+        eff = base.effective(cfg, m)
+        if eff in seen or not runs_on(eff, base.capability):
+            continue
+        seen.add(eff)
+        row = {"config": eff.label(), "m": m}
+        for name, x in sources.items():
+            ref = x.float() @ w.t()
+            out.fill_(float("nan"))
+            base.run(x, out, m, eff, 0)
+            torch.cuda.synchronize()
+            err = float((out.float() - ref).norm() / ref.norm())
+            if not err <= 1e-3:  # NaN (an element not written) fails too
+                raise SystemExit(f"{eff.label()} m={m} {name}: rel err {err:.2e}")
+            for layer in layers:
+                layer.prepare(eff, m)
+            us = graph_us([lambda p=p, c=eff, x=x: p.run(x, out, m, c, 0) for p in layers],
+                          calls=CALLS)  # fmt: skip
+            row[f"{name}_us"] = us
+            row[f"{name}_rel_err"] = err
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--shapes", default="llama-2-7b,qwen2.5-coder-1.5b")
+    p.add_argument("--ms", default="16")
+    p.add_argument("--layers", default="qkv,o_proj,gate_up,down")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/micro_w4_rows.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    bw = copy_bandwidth_gbps()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    results = []
+    for shape in args.shapes.split(","):
+        for m in (int(v) for v in args.ms.split(",")):
+            best = {"distinct": 0.0, "one-row": 0.0}
+            for name in args.layers.split(","):
+                k, n = LAYERS[shape][name]
+                rows = time_layer(k, n, m)
+                for r in rows:
+                    r["layer"] = f"{shape}.{name}"
+                    print(f"  {r['layer']:<30} m={m:<3} {r['config']:<28} distinct "
+                          f"{r['distinct_us']:7.2f}  one-row {r['one-row_us']:7.2f} us",
+                          flush=True)  # fmt: skip
+                results += rows
+                for src in best:
+                    fastest = min(rows, key=lambda r, s=src: r[f"{s}_us"])
+                    best[src] += fastest[f"{src}_us"]
+                    print(f"  {shape}.{name} m={m} best {src}: {fastest[f'{src}_us']:.2f} us "
+                          f"({fastest['config']})", flush=True)  # fmt: skip
+            print(f"{shape} m={m}: one layer's four, best config each: distinct "
+                  f"{best['distinct']:.1f} us, one-row {best['one-row']:.1f} us", flush=True)  # fmt: skip
+    date = datetime.date.today().isoformat()
+    doc = {
+        "date": date,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": "python3 " + " ".join(["bench/micro_w4_rows.py", *sys.argv[1:]]),
+        "copy_bandwidth_gbps": bw,
+        "rows": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{date}-micro-w4-rows.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
