@@ -6,13 +6,13 @@ Issue 5 asks for one Llama-2-7B layer's four linears in 40 µs at M = 16; they t
 ~49 µs there against ~36 at M = 1 (bench/int4_linear.py). At 2..16 rows each block of
 `w4a16.cu` reads its K slice of every activation row from global memory, per warp and
 group, just before the group's products (the one-row kernels stage the row in shared
-memory once). Summed over the blocks that is ~170 MB of L2 reads a 7B layer beside 14 MB
-of weights. This script times every multi-row config of each layer (as
+memory once). Summed over the blocks that is ~170 MB of L2 reads a 7B layer at M = 16,
+beside ~100 MB of weights. This script times every multi-row config of each layer (as
 `bench/int4_linear.py` does: back to back in a CUDA graph, weights rotated out of L2) on
 two activation tensors of the same M rows: `distinct` (an [M, K] tensor, what the engine
-passes) and `one-row` (one row expanded to M, stride 0: every block's reads hit the same
-K x 2 bytes, so the L2 traffic and its latency all but vanish while the products stay
-the same). If `one-row` is much faster, the activations' reads are what to fix; if not,
+passes) and `one-row` (one row expanded to M, stride 0: every block reads the same K x 2
+bytes, which stay in its SM's L1, so the L2 traffic and its latency all but vanish while
+the loads and the products stay the same). If `one-row` is much faster, the activations' reads are what to fix; if not,
 they are not. Every output is checked against an fp32 reference from a poisoned output.
 Writes `<out>/<date>-micro-w4-rows.json`.
 """

@@ -314,26 +314,11 @@ NIB_DEVICE void stage_x(const W4Args& a, const Block& b, u16* xs, float* scratch
   __syncthreads();
 }
 
-// Where a lane's B fragments of one group sit in a warp's ring slot (XA kernels):
-// [chunk h][n8 tile mt][half j][lane] x 16 bytes, so that a warp's 16-byte reads of one
-// (h, mt, j) are 512 contiguous bytes (no bank conflict).
-template <int MT>
-NIB_DEVICE int ring_index(int h, int mt, int j, int lane) {
-  return ((h * MT + mt) * 2 + j) * 32 + lane;
-}
-constexpr int RING_SLOT_BYTES_PER_MT = 2 * 2 * 32 * 16;  // per n8 tile: 2 chunks x 2 halves
-
-// The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words. XA: from this
-// warp's ring slot `xs` (cp.async put them there, ring_load_x), else from shared memory
-// (SMEM_X, one staged row) or global memory.
-template <bool SMEM_X, bool XA = false, int MT = 1>
+// The B fragments of chunk `ch` (absolute) for n8 tile mt: 8 fp16x2 words.
+template <bool SMEM_X>
 NIB_DEVICE void load_b(const W4Args& a, const Block& b, const u16* xs, int ch, int mt, u32 (&v)[8]) {
   uint4 v0, v1;
-  if constexpr (XA) {
-    const u32 slot = smem_u32(xs);
-    v0 = ld_shared16(slot + ring_index<MT>(ch & 1, mt, 0, b.lane) * 16);
-    v1 = ld_shared16(slot + ring_index<MT>(ch & 1, mt, 1, b.lane) * 16);
-  } else if constexpr (SMEM_X) {
+  if constexpr (SMEM_X) {
     const uint4* p = reinterpret_cast<const uint4*>(xs + (ch - 2 * b.gb0) * 64 + 16 * b.t4);
     v0 = p[0], v1 = p[1];
   } else {
@@ -357,7 +342,7 @@ NIB_DEVICE void zero(float (&a)[R][MT][4]) {
 }
 
 // acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
-template <int MT, int R, bool SMEM_X, bool XA = false>
+template <int MT, int R, bool SMEM_X>
 NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
                           const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
   float part[R][MT][4];
@@ -366,7 +351,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
   for (int h = 0; h < 2; ++h) {
     u32 bx[MT][8];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X, XA, MT>(a, b, xs, 2 * grp + h, mt, bx[mt]);
+    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X>(a, b, xs, 2 * grp + h, mt, bx[mt]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
@@ -546,28 +531,8 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
 // Register pipeline: each warp keeps PF groups of its loads in flight in registers.
 extern __shared__ __align__(128) unsigned char smem[];
 
-// XA (2..16 rows, activations from global memory): each warp also copies its groups'
-// activation fragments into a ring of PF shared-memory slots by cp.async, PF groups
-// ahead of their products like its weights, instead of loading them from L2 just before
-// each group's mma (one L2 round trip a group on the warp's critical path).
-template <int MT>
-NIB_DEVICE void ring_load_x(const W4Args& a, const Block& b, u32 slot, int grp) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int row = min(b.g + 8 * mt, a.m - 1);  // rows past m repeat the last (unused)
-      const u16* src = reinterpret_cast<const u16*>(a.x) + (size_t)row * a.x_stride +
-                       (2 * grp + h) * 64 + 16 * b.t4;
-      cp_async16(slot + ring_index<MT>(h, mt, 0, b.lane) * 16, src, true);
-      cp_async16(slot + ring_index<MT>(h, mt, 1, b.lane) * 16, src + 8, true);
-    }
-}
-
-template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false, bool PICK = false,
-          bool XA = false>
+template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false, bool PICK = false>
 NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
-  static_assert(!(XA && SMEM_X), "XA reads its activations from global memory");
   NIB_TRACE_BLOCK(NIB_KIND_W4A16);
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
@@ -603,23 +568,10 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
   NIB_TRACE_WAITED();
   ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
 
-  // XA: this warp's ring of PF slots first; the staged row (SMEM_X) otherwise.
-  constexpr int RING = XA ? WARPS * PF * MT * RING_SLOT_BYTES_PER_MT : 0;
   u16* xs = reinterpret_cast<u16*>(smem);
-  unsigned char* ring = smem + b.warp * PF * MT * RING_SLOT_BYTES_PER_MT;  // XA: this warp's
-  float* red = reinterpret_cast<float*>(smem + RING + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
+  float* red = reinterpret_cast<float*>(smem + (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
-  if constexpr (XA) {
-    // One commit group per group of inputs, even empty, so that before group i's
-    // products exactly PF - 1 younger groups may still be in flight.
-#pragma unroll
-    for (int p = 0; p < PF; ++p) {
-      if (p < n_w)
-        ring_load_x<MT>(a, b, smem_u32(ring + p * MT * RING_SLOT_BYTES_PER_MT), b.gb0 + b.warp + p * WARPS);
-      cp_async_commit();
-    }
-  }
   NIB_TRACE_MARK(0);  // activations staged
 
   float acc[R][MT][4];
@@ -629,22 +581,8 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
     for (int p = 0; p < PF; ++p) {
       const int i = base + p;
       if (i < n_w) {
-        const int grp = b.gb0 + b.warp + i * WARPS;
-        if constexpr (XA) {
-          unsigned char* slot = ring + p * MT * RING_SLOT_BYTES_PER_MT;
-          cp_async_wait<PF - 1>();
-          mma_group<MT, R, false, true>(a, b, reinterpret_cast<const u16*>(slot), grp, wbuf[p],
-                                        sbuf[p], acc);
-          if (i + PF < n_w) {
-            load(i + PF, wbuf[p], sbuf[p]);
-            __syncwarp();  // the slot's reads above are done before the copies below land
-            ring_load_x<MT>(a, b, smem_u32(slot), grp + PF * WARPS);
-          }
-          cp_async_commit();
-        } else {
-          mma_group<MT, R, SMEM_X>(a, b, xs, grp, wbuf[p], sbuf[p], acc);
-          if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
-        }
+        mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
+        if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
       }
     }
   }
@@ -656,12 +594,9 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 // R tiles, contiguous per tile) and scales into NS shared-memory stages with
 // cp.async.bulk, completing on an mbarrier per stage; warp w computes group w of a
 // step. In flight per block: up to NS x R x WARPS KB without holding registers.
-// XA: each warp's activation fragments come through its own cp.async ring of NS slots,
-// NS steps ahead, as in w4a16_body.
-template <int MT, int R, int WARPS, int NS, bool SMEM_X, bool PICK = false, bool XA = false>
+template <int MT, int R, int WARPS, int NS, bool SMEM_X, bool PICK = false>
 NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 #if __CUDA_ARCH__ >= 900
-  static_assert(!(XA && SMEM_X), "XA reads its activations from global memory");
   NIB_TRACE_BLOCK(NIB_KIND_W4A16_BULK);
   constexpr int FRAG = R * MT * 4;
   constexpr int WBYTES = WARPS * 1024;  // one tile's weights per step
@@ -671,11 +606,7 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
   unsigned char* wsm = smem;                                   // [NS][R][WBYTES]
   unsigned char* ssm = wsm + NS * R * WBYTES;                  // [NS][R][SBYTES]
   u64* bars = reinterpret_cast<u64*>(ssm + NS * R * SBYTES);   // [NS]
-  // XA: [WARPS][NS] ring slots after the barriers (16-byte aligned: NS x 16 bytes of them).
-  unsigned char* ring = reinterpret_cast<unsigned char*>(bars + 2 * NS) +
-                        b.warp * NS * MT * RING_SLOT_BYTES_PER_MT;
-  constexpr int RING = XA ? WARPS * NS * MT * RING_SLOT_BYTES_PER_MT : 0;
-  u16* xs = reinterpret_cast<u16*>(reinterpret_cast<unsigned char*>(bars + 2 * NS) + RING);
+  u16* xs = reinterpret_cast<u16*>(bars + 2 * NS);
   float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(xs) +
                                         (SMEM_X ? (size_t)a.groups_per_split * 256 : 0));
   float* scratch = red + (WARPS > 1 ? WARPS * FRAG * 32 : 0);
@@ -708,15 +639,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
   NIB_TRACE_WAITED();
   ops.load_residual(a, b.tile0, b.warp, b.g, b.t4);
   if constexpr (SMEM_X) stage_x<WARPS * 32>(a, b, xs, scratch);
-  if constexpr (XA) {  // one commit group a step, even empty (see w4a16_body)
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-      const int grp = b.gb0 + s * WARPS + b.warp;
-      if (s < steps && grp < b.gb1)
-        ring_load_x<MT>(a, b, smem_u32(ring + s * MT * RING_SLOT_BYTES_PER_MT), grp);
-      cp_async_commit();
-    }
-  }
   NIB_TRACE_MARK(0);  // activations staged
 
   float acc[R][MT][4];
@@ -725,7 +647,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
     const int stage = i % NS;
     mbar_wait(bars + stage, (u32)((i / NS) & 1));
     const int grp = b.gb0 + i * WARPS + b.warp;
-    if constexpr (XA) cp_async_wait<NS - 1>();
     if (grp < b.gb1) {
       uint4 w[R][2];
       u32 s[R];
@@ -736,21 +657,10 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
         w[r][1] = ws[(b.warp * 2 + 1) * 32 + b.lane];
         s[r] = reinterpret_cast<const u32*>(ssm + (stage * R + r) * SBYTES)[b.warp * 8 + b.g];
       }
-      if constexpr (XA)
-        mma_group<MT, R, false, true>(
-            a, b, reinterpret_cast<const u16*>(ring + stage * MT * RING_SLOT_BYTES_PER_MT), grp, w,
-            s, acc);
-      else
-        mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
+      mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
     }
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
-    if constexpr (XA) {
-      const int next = grp + NS * WARPS;
-      if (i + NS < steps && next < b.gb1)
-        ring_load_x<MT>(a, b, smem_u32(ring + stage * MT * RING_SLOT_BYTES_PER_MT), next);
-      cp_async_commit();
-    }
   }
   NIB_TRACE_MARK(1);  // every stage consumed
   reduce_and_finish<MT, R, WARPS, false, PICK>(a, b, acc, red, scratch, ops, pk);
@@ -814,12 +724,6 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG(const W4Args a) {                       \
     w4a16_body<MT, R, WARPS, PF, SMEM>(a);                                                  \
   }
-// 2..16 rows with the activations' ring (XA): w4a16_m<MT>_r<R>_w<WARPS>_p<PF>_ga.
-#define W4_RING_KERNEL(MT, R, WARPS, PF)                                                    \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
-      w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_ga(const W4Args a) {                          \
-    w4a16_body<MT, R, WARPS, PF, false, false, false, true>(a);                             \
-  }
 #define W4_CLUSTER_KERNEL(MT, R, WARPS, PF, SMEM, TAG)                                      \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_##TAG##c(const W4Args a) {                    \
@@ -829,11 +733,6 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
       w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_##TAG##b(const W4Args a) {                    \
     w4a16_bulk_body<MT, R, WARPS, NS, SMEM>(a);                                             \
-  }
-#define W4_BULK_RING_KERNEL(MT, R, WARPS, NS)                                               \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
-      w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_gba(const W4Args a) {                         \
-    w4a16_bulk_body<MT, R, WARPS, NS, false, false, true>(a);                               \
   }
 // The same one-row launches with the greedy pick in the epilogue (pick.cuh): separate
 // instantiations, so that every other launch compiles exactly as without it.
@@ -889,21 +788,6 @@ W4_BULK_KERNEL(2, 1, 4, 4, false, g)
 W4_BULK_KERNEL(2, 2, 4, 3, false, g)
 W4_BULK_KERNEL(1, 4, 4, 2, false, g)
 W4_BULK_KERNEL(2, 4, 4, 2, false, g)
-// The same, with each warp's activation fragments copied PF groups ahead (cp.async ring).
-W4_RING_KERNEL(1, 1, 4, 4)
-W4_RING_KERNEL(2, 1, 4, 4)
-W4_RING_KERNEL(1, 2, 4, 2)
-W4_RING_KERNEL(2, 2, 4, 2)
-W4_RING_KERNEL(1, 4, 4, 2)
-W4_RING_KERNEL(2, 4, 4, 2)
-W4_RING_KERNEL(1, 2, 8, 2)
-W4_RING_KERNEL(2, 2, 8, 2)
-W4_BULK_RING_KERNEL(1, 1, 4, 4)
-W4_BULK_RING_KERNEL(2, 1, 4, 4)
-W4_BULK_RING_KERNEL(1, 2, 4, 3)
-W4_BULK_RING_KERNEL(2, 2, 4, 3)
-W4_BULK_RING_KERNEL(1, 4, 4, 2)
-W4_BULK_RING_KERNEL(2, 4, 4, 2)
 // Split-K merged in a thread-block cluster (sm_90): the split configs the step runs.
 W4_CLUSTER_KERNEL(1, 1, 4, 4, true, s)
 W4_CLUSTER_KERNEL(1, 1, 8, 2, true, s)

@@ -122,18 +122,11 @@ class W4Config:
     splits: int = 1
     bulk: bool = False
     cluster: bool = False  # the splits merge in a thread-block cluster (sm_90)
-    # 2..16 rows: each warp copies its groups' activations into a shared-memory ring by
-    # cp.async, `pf` groups ahead like its weights (W4_RING_KERNEL), instead of reading
-    # them from L2 right before each group's products.
-    xring: bool = False
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
         if self.bulk:
-            ring = " xring" if self.xring else ""
-            return f"int4 mma16 bulk{ring} r{self.r}w{self.warps}n{self.pf}{split}"
-        if self.xring:
-            return f"int4 mma16 xring r{self.r}w{self.warps}p{self.pf}{split}"
+            return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
         return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}{'c' if self.cluster else ''}"
 
 
@@ -149,12 +142,6 @@ GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4,
 # split configs the decode and verify steps run.
 CLUSTER_STAGED = {(1, 1, 4, 4), (1, 1, 8, 2), (1, 1, 8, 4), (1, 2, 4, 2)}
 CLUSTER_GLOBAL = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2)}
-# 2..16 rows with the activations' cp.async ring (W4_RING_KERNEL).
-GLOBAL_RING = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2), (1, 4, 4, 2), (2, 4, 4, 2),
-               (1, 2, 8, 2), (2, 2, 8, 2)}  # fmt: skip
-GLOBAL_BULK_RING = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 3), (2, 2, 4, 3), (1, 4, 4, 2),
-                    (2, 4, 4, 2)}  # fmt: skip
-RING_SLOT_BYTES_PER_MT = 2 * 2 * 32 * 16  # w4a16.cu: a warp's slot per n8 tile
 BULK_CAPABILITY = (9, 0)
 CLUSTER_CAPABILITY = (9, 0)
 
@@ -182,13 +169,6 @@ MULTI_ROW += tuple(
     if mt == 1 and (2, r, w, d) in CLUSTER_GLOBAL
     for s in (2, 4)
 )
-MULTI_ROW += tuple(
-    W4Config(r, w, d, s, bulk, xring=True)
-    for bulk, table in ((False, GLOBAL_RING), (True, GLOBAL_BULK_RING))
-    for (mt, r, w, d) in sorted(table)
-    if mt == 1 and (2, r, w, d) in table
-    for s in (1, 2, 4)
-)
 
 
 def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
@@ -206,12 +186,8 @@ def kernel_name(mt: int, cfg: W4Config, staged: bool, pick: bool = False) -> str
 
 
 def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
-    if cfg.bulk and cfg.xring:
-        table, depth, tail = (set() if staged else GLOBAL_BULK_RING), "n", "ba"
-    elif cfg.bulk:
+    if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
-    elif cfg.xring:
-        table, depth, tail = (set() if staged else GLOBAL_RING), "p", "a"
     elif cfg.cluster:
         table, depth, tail = (CLUSTER_STAGED if staged else CLUSTER_GLOBAL), "p", "c"
     else:
@@ -226,8 +202,6 @@ def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) ->
     """Dynamic shared memory of a launch, laid out as w4a16.cu's bodies do."""
     frag = cfg.r * mt * 4
     total = groups_per_split * 256 if staged else 0  # the fp16 activation slice
-    if cfg.xring:  # every warp's ring of pf slots
-        total += cfg.warps * cfg.pf * mt * RING_SLOT_BYTES_PER_MT
     total += cfg.warps * frag * 128 if cfg.warps > 1 else 0  # warp reduction
     total += 64 * 4  # block-sum scratch and the split-K flag
     if cfg.cluster:  # this split's partials, read by the cluster's first block
@@ -349,9 +323,7 @@ class CudaInt4:
         groups = self.k // GROUP_SIZE
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
         # One split has nothing to merge: the plain kernel of the same shape runs.
-        return W4Config(
-            r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1, cfg.xring
-        )
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""

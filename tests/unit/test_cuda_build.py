@@ -83,9 +83,6 @@ def test_every_w4a16_config_has_a_kernel() -> None:
     text = (build.HERE / "w4a16.cu").read_text()
 
     def defined(mt: int, cfg: w4a16.W4Config, staged: bool) -> bool:
-        if cfg.xring:
-            macro = "W4_BULK_RING_KERNEL" if cfg.bulk else "W4_RING_KERNEL"
-            return not staged and f"{macro}({mt}, {cfg.r}, {cfg.warps}, {cfg.pf})" in text
         macro = (
             "W4_BULK_KERNEL" if cfg.bulk else "W4_CLUSTER_KERNEL" if cfg.cluster else "W4_KERNEL"
         )
@@ -99,7 +96,6 @@ def test_every_w4a16_config_has_a_kernel() -> None:
             assert defined(mt, cfg, False), w4a16.kernel_name(mt, cfg, False)
     assert any(c.bulk for c in w4a16.ONE_ROW) and any(not c.bulk for c in w4a16.ONE_ROW)
     assert any(c.cluster for c in w4a16.ONE_ROW) and any(c.cluster for c in w4a16.MULTI_ROW)
-    assert any(c.xring for c in w4a16.MULTI_ROW) and not any(c.xring for c in w4a16.ONE_ROW)
 
 
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
