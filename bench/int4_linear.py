@@ -23,7 +23,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +36,9 @@ from nib.engine.cuda.timing import graph_us
 from nib.engine.quant import fused_gemv as fg
 from nib.engine.quant import kernels
 from nib.engine.quant.layout import pack
+
+if TYPE_CHECKING:
+    from nib.engine.cuda.w4a16 import CudaInt4, W4Config
 
 LAYERS = {
     "llama-2-7b": {"qkv": (4096, 12288), "o_proj": (4096, 4096), "gate_up": (4096, 22016),
@@ -51,6 +56,49 @@ def copies(nbytes: int) -> int:
     return max(2, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
 
 
+def random_int4(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random 4-bit codes uint8 [N, K] and fp16 group scales [K/128, N] on the GPU."""
+    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=g) * 0.02 + 1e-3).half()
+    return codes, scales
+
+
+def cuda_configs(base: CudaInt4, candidates: Iterable[W4Config], m: int) -> Iterator[W4Config]:
+    """The distinct launch shapes `candidates` come to on `base` for m rows (r and the
+    splits fitted to the layer by CudaInt4.effective) that this GPU runs, in order."""
+    from nib.engine.cuda.w4a16 import runs_on
+
+    seen: set[W4Config] = set()
+    for cfg in candidates:
+        eff = base.effective(cfg, m)
+        if eff not in seen and runs_on(eff, base.capability):
+            seen.add(eff)
+            yield eff
+
+
+def check_and_time(
+    base: CudaInt4,
+    layers: list[CudaInt4],
+    x: torch.Tensor,
+    out: torch.Tensor,
+    m: int,
+    cfg: W4Config,
+    ref: torch.Tensor,
+) -> tuple[float, float | None]:
+    """Run cfg once on x into `out` poisoned with NaN and compare with `ref` (fp32); if the
+    relative error is at most 1e-3 (NaN, an element not written, fails), time it on
+    `layers` (copies of base, back to back in a CUDA graph). Returns (error, µs or None)."""
+    out.fill_(float("nan"))
+    base.run(x, out, m, cfg, 0)
+    torch.cuda.synchronize()
+    err = float((out.float() - ref).norm() / ref.norm())
+    if not err <= 1e-3:
+        return err, None
+    for layer in layers:
+        layer.prepare(cfg, m)
+    return err, graph_us([lambda p=p: p.run(x, out, m, cfg, 0) for p in layers], calls=CALLS)
+
+
 def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[dict]:
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -62,9 +110,7 @@ def bench_layer(k: int, n: int, m: int, deadline: float, triton: bool) -> list[d
     us = graph_us([lambda w=w: torch.matmul(x16, w.t(), out=outs) for w in ws], calls=CALLS)
     rows.append({"impl": "cublas-fp16", "us_median": us, "weight_bytes": w_bytes})
     del ws
-    # codes and scales shared by the INT4 rows
-    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8, generator=g)
-    scales = (torch.rand(k // 128, n, device="cuda", generator=g) * 0.02 + 1e-3).half()
+    codes, scales = random_int4(n, k, g)  # shared by the INT4 rows
     q_bytes = n * k // 2 + scales.numel() * 2
     # PyTorch INT4 (tinygemm): uint8 [N, K/2] with even k in the high nibble, bf16 activations,
     # scales_and_zeros [K/128, N, 2] with w = (q - 8) * scale + zero, zero = 0 here.
@@ -175,7 +221,7 @@ def bench_cuda(
 ) -> dict | None:
     """nib's CUDA tensor-core kernel (engine/cuda/w4a16.cu), every tile config for this M."""
     from nib.engine.cuda import loader
-    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, runs_on
+    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4
 
     why = loader.unavailable_reason(x16.device)
     if why:
@@ -186,25 +232,13 @@ def bench_cuda(
     layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
     best: tuple[float, str, dict, float] | None = None
-    tried, seen = [], set()
-    for cfg in ONE_ROW if m == 1 else MULTI_ROW:
-        eff = base.effective(cfg, m)
-        if eff in seen or not runs_on(eff, base.capability):
-            continue
-        seen.add(eff)
+    tried = []
+    for eff in cuda_configs(base, ONE_ROW if m == 1 else MULTI_ROW, m):
         try:
-            out.fill_(float("nan"))
-            base.run(x16, out, m, eff, 0)
-            torch.cuda.synchronize()
-            err = float((out.float() - ref).norm() / ref.norm())
-            if not err <= 1e-3:
+            err, us = check_and_time(base, layers, x16, out, m, eff, ref)
+            if us is None:
                 tried.append(f"{eff.label()}: WRONG (rel err {err:.1e})")
                 continue
-            for layer in layers:
-                layer.prepare(eff, m)
-            us = graph_us(
-                [lambda p=p, c=eff: p.run(x16, out, m, c, 0) for p in layers], calls=CALLS
-            )
         except Exception as exc:  # a configuration that fails here is reported, not fatal
             tried.append(f"{eff.label()}: {type(exc).__name__}: {str(exc)[:160]}")
             continue

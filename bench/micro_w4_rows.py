@@ -12,35 +12,33 @@ beside ~100 MB of weights. This script times every multi-row config of each laye
 two activation tensors of the same M rows: `distinct` (an [M, K] tensor, what the engine
 passes) and `one-row` (one row expanded to M, stride 0: every block reads the same K x 2
 bytes, which stay in its SM's L1, so the L2 traffic and its latency all but vanish while
-the loads and the products stay the same). If `one-row` is much faster, the activations' reads are what to fix; if not,
-they are not. Every output is checked against an fp32 reference from a poisoned output.
+the loads and the products stay the same). If `one-row` is much faster, the activations'
+reads are what to fix; if not, they are not. Every output is checked against an fp32
+reference from a poisoned output (int4_linear.check_and_time).
 Writes `<out>/<date>-micro-w4-rows.json`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbps
-from int4_linear import CALLS, LAYERS, copies
+from common import copy_bandwidth_gbps, write_result
+from int4_linear import LAYERS, check_and_time, copies, cuda_configs, random_int4
 
-from nib.engine.cuda.timing import graph_us
+from nib.engine.quant.format import dequantize
 
 
 def time_layer(k: int, n: int, m: int) -> list[dict]:
-    from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4, runs_on
+    from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4
 
     g = torch.Generator(device="cuda").manual_seed(k * 7 + n + m)
-    codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8, generator=g)
-    scales = (torch.rand(k // 128, n, device="cuda", generator=g) * 0.02 + 1e-3).half()
-    w = ((codes.float() - 8).view(n, k // 128, 128) * scales.t().float()[:, :, None]).view(n, k)
+    codes, scales = random_int4(n, k, g)
+    w = dequantize(codes, scales)
     sources = {
         "distinct": torch.randn(m, k, device="cuda", generator=g).half(),
         "one-row": torch.randn(1, k, device="cuda", generator=g).half().expand(m, k),
@@ -48,25 +46,13 @@ def time_layer(k: int, n: int, m: int) -> list[dict]:
     base = CudaInt4(codes, scales, None, "", "bench", torch.float16)
     layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    rows, seen = [], set()
-    for cfg in MULTI_ROW:
-        eff = base.effective(cfg, m)
-        if eff in seen or not runs_on(eff, base.capability):
-            continue
-        seen.add(eff)
+    rows = []
+    for eff in cuda_configs(base, MULTI_ROW, m):
         row = {"config": eff.label(), "m": m}
         for name, x in sources.items():
-            ref = x.float() @ w.t()
-            out.fill_(float("nan"))
-            base.run(x, out, m, eff, 0)
-            torch.cuda.synchronize()
-            err = float((out.float() - ref).norm() / ref.norm())
-            if not err <= 1e-3:  # NaN (an element not written) fails too
+            err, us = check_and_time(base, layers, x, out, m, eff, x.float() @ w.t())
+            if us is None:
                 raise SystemExit(f"{eff.label()} m={m} {name}: rel err {err:.2e}")
-            for layer in layers:
-                layer.prepare(eff, m)
-            us = graph_us([lambda p=p, c=eff, x=x: p.run(x, out, m, c, 0) for p in layers],
-                          calls=CALLS)  # fmt: skip
             row[f"{name}_us"] = us
             row[f"{name}_rel_err"] = err
         rows.append(row)
@@ -105,19 +91,8 @@ def main() -> int:
                           f"({fastest['config']})", flush=True)  # fmt: skip
             print(f"{shape} m={m}: one layer's four, best config each: distinct "
                   f"{best['distinct']:.1f} us, one-row {best['one-row']:.1f} us", flush=True)  # fmt: skip
-    date = datetime.date.today().isoformat()
-    doc = {
-        "date": date,
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": "python3 " + " ".join(["bench/micro_w4_rows.py", *sys.argv[1:]]),
-        "copy_bandwidth_gbps": bw,
-        "rows": results,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{date}-micro-w4-rows.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_result(args.out, "micro-w4-rows", "micro_w4_rows.py",
+                 {"copy_bandwidth_gbps": bw, "rows": results}, indent=1)  # fmt: skip
     return 0
 
 
