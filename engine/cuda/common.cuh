@@ -142,17 +142,6 @@ NIB_DEVICE void pdl_wait() {
 #endif
 }
 
-#ifdef NIB_L2_PREFETCH
-// Experiment (bench/cuda_variants.py): `bytes` (a multiple of 16, 16-byte aligned) from
-// global memory into L2 by the copy engine, no registers or shared memory held, nothing
-// to wait for. A hint: the loads that follow read whatever has arrived.
-NIB_DEVICE void prefetch_l2(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-#endif
-
 // ---- the step timeline (NIB_TRACE builds only) ------------------------------------
 // bench/step_timeline.py builds the kernels with -DNIB_TRACE (NIB_CUDA_TRACE=1): each
 // block's thread 0 then records when the block started, when its pdl_wait returned and

@@ -161,19 +161,6 @@ NIB_DEVICE void gemv16_body(const G16Args& a) {
 #pragma unroll
   for (int p = 0; p < U; ++p)
     if (p < total) load(buf[p]);
-#ifdef NIB_L2_PREFETCH
-  // Experiment (common.cuh): the warp's rows into L2 by the copy engine, group after
-  // group, at most NIB_L2_PREFETCH KB a block (an equal share a warp); lane r, row r.
-  if (lane < ROWS) {
-    const int row_bytes = (k1 - k0) * 2;
-    const int budget = NIB_L2_PREFETCH * 1024 / WARPS;
-    for (int t = 0; t < n_t && t * ROWS * row_bytes < budget; ++t) {
-      const int j = min((wg + t * gstride) * R + (GLU ? lane % R : lane), a.n - 1);
-      const int row = (GLU && lane >= R) ? a.n + j : j;
-      prefetch_l2(a.w + (size_t)row * a.stride + k0, (u32)row_bytes);
-    }
-  }
-#endif
   pdl_wait();
   NIB_TRACE_WAITED();
 

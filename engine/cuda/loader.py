@@ -47,13 +47,7 @@ def trace_flags() -> tuple[str, ...]:
 # Every experiment the sources hold, and what it changes (tests/unit/test_cuda_build.py
 # holds this list to the sources' #ifdefs and builds each one without spills).
 # Those tried and closed: bench/README.md, "Kernel experiments against the plain build".
-EXPERIMENTS: dict[str, str] = {
-    "NIB_L2_PREFETCH": (
-        "w4a16.cu, gemv16.cu (sm_90): before griddepcontrol.wait each block has the copy "
-        "engine prefetch into L2 the weights of its slice past what its registers or "
-        "stages hold, at most NIB_L2_PREFETCH=<KB> a block (a bare define: 1 KB)"
-    ),
-}
+EXPERIMENTS: dict[str, str] = {}
 _DEFINE = re.compile(r"NIB_[A-Z0-9_]+(=[A-Za-z0-9_.]+)?")
 _defines: tuple[str, ...] | None = None  # None: not yet read from NIB_CUDA_DEFINES
 generation = 0  # bumped by set_defines: Bound modules look themselves up again

@@ -237,22 +237,6 @@ NIB_DEVICE Block block_of(const W4Args& a, int r_tiles) {
   return b;
 }
 
-#ifdef NIB_L2_PREFETCH
-// Experiment: before griddepcontrol.wait, the copy engine fetches into L2 the part of the
-// block's K slice past the groups its warps' first loads hold (from group g0), at most
-// NIB_L2_PREFETCH KB a block: with programmatic dependent launch the weights stream
-// while the previous kernel finishes, beyond what registers or stages can hold, and
-// the loads after the wait find them in L2. Threads 0..R-1, one tile each.
-NIB_DEVICE void l2_prefetch_slice(const W4Args& a, const Block& b, int r_tiles, int g0) {
-  if ((int)threadIdx.x >= r_tiles || g0 >= b.gb1) return;
-  const int cap = max(1, NIB_L2_PREFETCH / r_tiles);  // KB = groups of one tile
-  const int g1 = min(b.gb1, g0 + cap);
-  const size_t tile = b.tile0 + threadIdx.x;
-  prefetch_l2(a.qw + (tile * b.chunks + 2 * g0) * 32, (u32)(g1 - g0) * 1024);
-  prefetch_l2(a.sc + (tile * b.n_groups + g0) * 8, (u32)(g1 - g0) * 32);
-}
-#endif
-
 // Eight activations (one 16-byte vector) -> fp16x2 words, after the RMSNorm when norm:
 // the unfused path's rounding (normalise, round, times the weight, round).
 NIB_DEVICE uint4 to_fp16(uint4 v, uint4 nv, bool norm, float inv, bool xbf) {
@@ -578,9 +562,6 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (p < n_w) load(p, wbuf[p], sbuf[p]);
-#ifdef NIB_L2_PREFETCH
-  l2_prefetch_slice(a, b, R, b.gb0 + PF * WARPS);
-#endif
   LanePairs<MT, R, WARPS> ops;
   ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
   pdl_wait();
@@ -652,9 +633,6 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
   pdl_launch_dependents();
   if (threadIdx.x == 0)
     for (int s = 0; s < NS && s < steps; ++s) issue(s);
-#ifdef NIB_L2_PREFETCH
-  l2_prefetch_slice(a, b, R, b.gb0 + NS * WARPS);
-#endif
   LanePairs<MT, R, WARPS> ops;
   ops.load_bias(a, b.tile0, b.warp, b.g, b.t4);
   pdl_wait();
