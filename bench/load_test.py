@@ -37,6 +37,9 @@ from nib.v1 import completion_pb2 as pb
 from nib.v1 import completion_pb2_grpc as pb_grpc
 
 SCENARIOS = ("complete", "cancel", "supersede", "disconnect", "oneshot", "deadline")
+# Tries of the first request of a cancel, supersede or disconnect session while the
+# server answers RESOURCE_EXHAUSTED (backing off 20 ms, doubling, at most 1 s a wait).
+RETRIES = 40
 FINISH = {v: k.removeprefix("FINISH_REASON_").lower() for k, v in pb.FinishReason.items()}
 
 
@@ -102,6 +105,26 @@ class SessionRun:
                 self.tally.done(r.request_id, r.done)
             self.progress.set()
 
+    async def start_admitted(
+        self, name: str, max_tokens: int, deltas: int, max_wait: float, rng: random.Random
+    ) -> str:
+        """Start a request, then wait as wait_deltas does; while the server turns it away
+        with RESOURCE_EXHAUSTED, back off and start it again under a new id, as a polite
+        client does. The scenario's cancel, supersession or disconnect then meets a request
+        the server took (queued or running), whatever the machine's speed; the rejections
+        stay in the tally. Returns the id that was not turned away (or the last try's)."""
+        rid = f"{name}-a"
+        for attempt in range(RETRIES):
+            await self.start(rid, max_tokens)
+            # A rejection comes at once; a queued request hears nothing, so wait a little.
+            await self.wait_deltas(rid, deltas, max(max_wait, 0.05))
+            if self.tally.outcomes.get(rid) != "error:RESOURCE_EXHAUSTED":
+                return rid
+            self.tally.streams["retried:RESOURCE_EXHAUSTED"] += 1
+            await asyncio.sleep(min(1.0, 0.02 * 2**attempt) * rng.uniform(0.5, 1.5))
+            rid = f"{name}-a{attempt + 1}"
+        return rid
+
     async def wait_deltas(self, rid: str, n: int, max_wait: float) -> None:
         """Until rid has n deltas, has ended, or max_wait passed."""
         deadline = time.monotonic() + max_wait
@@ -144,11 +167,15 @@ async def run_session(
 
     run = SessionRun(stub, tally, name)
     reader = asyncio.create_task(run.read())
-    first = f"{name}-a"
     try:
-        long = scenario in ("supersede", "disconnect", "cancel")
-        await run.start(first, rng.randint(100, 300) if long else rng.randint(4, 24))
-        await run.wait_deltas(first, rng.randint(1, 4), rng.uniform(0.0, 0.5))
+        if scenario == "complete":
+            first = f"{name}-a"
+            await run.start(first, rng.randint(4, 24))
+            await run.wait_deltas(first, rng.randint(1, 4), rng.uniform(0.0, 0.5))
+        else:  # cancel, supersede, disconnect: a long request the server took
+            first = await run.start_admitted(
+                name, rng.randint(100, 300), rng.randint(1, 4), rng.uniform(0.0, 0.5), rng
+            )
         if scenario == "cancel":
             await run.call.write(pb.SessionRequest(cancel=pb.Cancel(request_id=first)))
         elif scenario == "supersede":

@@ -44,8 +44,12 @@ def test_load_test_passes_its_checks(random_model_dir: Path, tmp_path: Path) -> 
     for r in report["rounds"]:
         for k, v in r["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + v
-    # The mix really happened: supersessions, cancels, disconnects and a full queue.
+    # The mix really happened: supersessions, cancels, disconnects and a full queue. (The
+    # long sessions retry their first request while the queue is full, so the first three
+    # do not hang on the machine's speed: on a slow 2-core CI runner every supersession
+    # once met a request the server had already turned away.)
     assert outcomes.get("superseded", 0) > 0
+    assert outcomes.get("cancelled", 0) > 0  # Cancel messages
     assert outcomes.get("status:CANCELLED", 0) > 0  # disconnects
     assert (
         outcomes.get("error:RESOURCE_EXHAUSTED", 0) + outcomes.get("status:RESOURCE_EXHAUSTED", 0)
