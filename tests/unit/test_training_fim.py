@@ -56,7 +56,24 @@ def test_separately_tokenised_pieces_equal_the_psm_text(
     lay = layout(text, fim, random.Random(seed), path)
     pieces = [TOK.encode(p).ids for p in lay.pieces]
     path_ids = TOK.encode(path + "\n").ids if path else None
-    assert assemble(lay, pieces, path_ids, IDS) == TOK.encode(psm_text(lay)).ids
+    # The path header is tokenised on its own (see the test below); the rest as one text.
+    header = f"<|file_sep|>{path}\n" if path else ""
+    whole = psm_text(lay)
+    assert whole.startswith(header)
+    expected = (TOK.encode(header).ids if header else []) + TOK.encode(whole[len(header) :]).ids
+    assert assemble(lay, pieces, path_ids, IDS) == expected
+
+
+def test_a_path_header_does_not_merge_into_a_plain_document() -> None:
+    """A plain document that starts with a newline keeps its own newline token after the
+    header's, as nib's engine encodes `path + "\n"` apart from what follows; tokenising
+    the joined text would merge the two newlines (Hypothesis once found text='\n')."""
+    lay = layout("\n", False, random.Random(0), "a/b.py")
+    pieces = [TOK.encode(p).ids for p in lay.pieces]
+    path_ids = TOK.encode("a/b.py\n").ids
+    ids = assemble(lay, pieces, path_ids, IDS)
+    assert ids == [IDS.file_sep, *path_ids, *pieces[0], IDS.eot]
+    assert ids != TOK.encode(psm_text(lay)).ids  # the joined text merges "\n\n"
 
 
 def test_training_layout_matches_the_engines_infill_prompt(tmp_path: Path) -> None:
