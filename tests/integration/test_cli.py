@@ -109,8 +109,14 @@ def test_prompt_from_stdin_and_verbose_timings(slow_server: ServerProcess) -> No
 
 def test_ctrl_c_cancels_the_generation_on_the_server(slow_server: ServerProcess) -> None:
     env = {**os.environ, "NIB_ADDRESS": slow_server.address, "PYTHONUNBUFFERED": "1"}
+    # A terminal's Ctrl-C reaches a program whose SIGINT is the default. A test run started
+    # in the background of a shell without job control inherits SIGINT ignored, and so
+    # would nib (as POSIX means it to); so the child restores the default before exec.
+    argv = [sys.executable, "-m", "nib.sdk.cli", "complete", "x", "--json", *LONG_ARGS]
+    restore = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    restore += "os.execv(sys.argv[1], sys.argv[1:])"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nib.sdk.cli", "complete", "x", "--json", *LONG_ARGS],
+        [sys.executable, "-c", restore, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
