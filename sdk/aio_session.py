@@ -11,6 +11,7 @@ from typing import Any, TypeAlias, Unpack
 
 import grpc
 
+from nib.sdk.errors import status_lost_to_a_write
 from nib.sdk.request import CompletionParams, build_request
 from nib.sdk.session import deadline_passed
 from nib.sdk.session_core import Link, SessionCore
@@ -150,7 +151,7 @@ class _TaskLink:
             async for response in self._call:
                 self._session._route(response)
         except grpc.RpcError as exc:
-            error = exc
+            error = status_lost_to_a_write(exc)
         except asyncio.CancelledError:
             if not self._call.cancelled():
                 raise

@@ -78,3 +78,36 @@ def from_code(code_value: int, message: str) -> NibError:
     """The error for a numeric status (google.rpc.Code numbering), as a session's Done carries."""
     code = next((c for c in grpc.StatusCode if c.value[0] == code_value), grpc.StatusCode.UNKNOWN)
     return error_for(code, message)
+
+
+# grpcio's asyncio client (grpc/grpc#36066, still open; seen with grpcio 1.85): when the server
+# ends a stream-stream call while a client write is in flight, the failed write overwrites
+# the server's status with this one, so the caller loses the server's code and words.
+_LOST_DETAILS = "Internal error from Core"
+_LOST_DEBUG = "execute_batch"
+
+
+def status_lost_to_a_write(error: grpc.RpcError) -> grpc.RpcError:
+    """The error to act on for an asyncio stream-stream call that failed.
+
+    Where grpcio replaced the server's status with INTERNAL because a write raced the
+    call's end, the stream did end under the client, for a reason it cannot read: that
+    is UNAVAILABLE (retried like a lost connection while nothing was received; a
+    lasting refusal shows its own status on the next attempt). Any other error is
+    returned as it is."""
+    if rpc_code(error) != grpc.StatusCode.INTERNAL:
+        return error
+    details = getattr(error, "details", None)
+    debug = getattr(error, "debug_error_string", None)
+    if not (callable(details) and callable(debug)):
+        return error
+    if details() != _LOST_DETAILS or _LOST_DEBUG not in (debug() or ""):
+        return error
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="the server ended the stream while a message was being sent, and grpcio "
+        "lost its status (grpc/grpc#36066)",
+        debug_error_string=debug(),
+    )

@@ -11,7 +11,7 @@ import pytest
 from nib.sdk import ConnectionOptions, FinishReason, InvalidArgument, NibError, RetryPolicy
 from nib.sdk.cli_complete import unescape
 from nib.sdk.connection import system_root_certificates
-from nib.sdk.errors import ResourceExhausted, from_code, from_rpc_error
+from nib.sdk.errors import ResourceExhausted, from_code, from_rpc_error, status_lost_to_a_write
 from nib.sdk.request import build_request
 from nib.sdk.retry import should_retry
 from nib.sdk.state import StreamState
@@ -172,3 +172,27 @@ def test_a_cancel_keeps_its_reason_when_the_servers_done_arrives() -> None:
 def test_command_line_escapes() -> None:
     assert unescape(r"\n") == "\n" and unescape(r"a\tb\\n") == "a\tb\\n"
     assert unescape("ünïcode") == "ünïcode"
+
+
+def _aio_error(code: grpc.StatusCode, details: str, debug: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details, debug_error_string=debug
+    )
+
+
+def test_a_status_grpcio_lost_to_a_racing_write_reads_as_unavailable() -> None:
+    lost = _aio_error(
+        grpc.StatusCode.INTERNAL,
+        "Internal error from Core",
+        'Failed "execute_batch": (<grpc._cython.cygrpc.SendMessageOperation object>,)',
+    )
+    seen = status_lost_to_a_write(lost)
+    assert seen.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    assert "36066" in seen.details()  # type: ignore[attr-defined]
+    # Every other error, INTERNAL ones with other words included, stays as it was.
+    for other in (
+        _aio_error(grpc.StatusCode.INTERNAL, "model crashed", 'Failed "execute_batch"'),
+        _aio_error(grpc.StatusCode.INTERNAL, "Internal error from Core", "something else"),
+        _aio_error(grpc.StatusCode.UNAUTHENTICATED, "Internal error from Core", "execute_batch"),
+    ):
+        assert status_lost_to_a_write(other) is other
