@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "2026-12-01-decode.json"
+RESULTS = ROOT / "bench" / "results" / "2026-12-04-decode.json"
 DOC = ROOT / "docs" / "capacity.md"
 IMPL = "nib-graphs"
 OTHER_BUDGETS_MS = (100.0, 150.0, 500.0, 1000.0)
