@@ -93,7 +93,9 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
                 else:
                     delta, _ = convert.event_to_pb(event)
                     yield pb.CompleteResponse(request_id=rid, delta=delta)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # gRPC ends a handler either by cancelling its task or, when the call ended
+            # while the handler waited at a yield, by closing this generator.
             tracked.release(cancel_cause(context, budget))
             raise
         finally:
@@ -125,7 +127,7 @@ class CompletionServicer(pb_grpc.CompletionServiceServicer):  # type: ignore[mis
                     raise item
                 assert isinstance(item, pb.SessionResponse)
                 yield item
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # see Complete
             cause = session.cause = cancel_cause(context, budget)
             raise
         finally:
