@@ -95,13 +95,12 @@ def status_lost_to_a_write(error: grpc.RpcError) -> grpc.RpcError:
     is UNAVAILABLE (retried like a lost connection while nothing was received; a
     lasting refusal shows its own status on the next attempt). Any other error is
     returned as it is."""
-    if rpc_code(error) != grpc.StatusCode.INTERNAL:
-        return error
-    details = getattr(error, "details", None)
-    debug = getattr(error, "debug_error_string", None)
-    if not (callable(details) and callable(debug)):
-        return error
-    if details() != _LOST_DETAILS or _LOST_DEBUG not in (debug() or ""):
+    if not (
+        isinstance(error, grpc.aio.AioRpcError)
+        and error.code() == grpc.StatusCode.INTERNAL
+        and error.details() == _LOST_DETAILS
+        and _LOST_DEBUG in (error.debug_error_string() or "")
+    ):
         return error
     return grpc.aio.AioRpcError(
         grpc.StatusCode.UNAVAILABLE,
@@ -109,5 +108,5 @@ def status_lost_to_a_write(error: grpc.RpcError) -> grpc.RpcError:
         grpc.aio.Metadata(),
         details="the server ended the stream while a message was being sent, and grpcio "
         "lost its status (grpc/grpc#36066)",
-        debug_error_string=debug(),
+        debug_error_string=error.debug_error_string(),
     )
