@@ -94,13 +94,17 @@ for step in ${*:-tests int4 typing decode}; do
                    --maxfail=30 tests/gpu/test_cuda_w4a16.py --junitxml="$LOGS/w4a16-tests.xml"
                  grep -E "^(FAILED|ERROR)" "$LOGS/w4a16-tests.log" | cut -c1-200 | head -30 ;;
     ncu-w4a16) # the hardware's view of the 7B layer's INT4 kernels (ncu; Firecracker hosts only)
-               # NCU_SPECS: "K N r,warps,pf,splits,bulk fusion" per kernel, ';'-separated
+               # NCU_SPECS: "K N r,warps,pf,splits,bulk fusion [m]" per kernel, ';'-separated;
+               # fusion - for none (m > 1 takes none: the plain product of m rows)
                IFS=';' read -ra specs <<< "${NCU_SPECS:-4096 12288 1,4,3,1,0 norm;11008 4096 1,8,4,1,0 residual;4096 22016 4,4,2,1,0 norm_glu}"
                for spec in "${specs[@]}"; do
                  set -- $spec
-                 TAIL=60 run "ncu-$1x$2" ${NCU_CAP:-60} ncu --clock-control none -k regex:w4a16_m1 --launch-skip 3 --launch-count 1 \
+                 fusion=$4; [ "$fusion" = - ] && fusion=""
+                 TAIL=${NCU_TAIL:-60} run "ncu-$1x$2-${3//,/.}-m${5:-1}" ${NCU_CAP:-60} ncu --clock-control none \
+                   -k regex:w4a16_m --launch-skip 3 --launch-count 1 \
                    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-                   --section MemoryWorkloadAnalysis python3 tools/profile_w4a16.py --k $1 --n $2 --cfg $3 --fusion $4
+                   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
+                   python3 tools/profile_w4a16.py --k $1 --n $2 --cfg $3 --fusion "$fusion" --m ${5:-1}
                done ;;
     triton-tests) TAIL=6 run triton-tests ${TRITON_TESTS_CAP:-200} python3 -m pytest -p no:cacheprovider -q \
                     tests/unit/test_kernels.py --junitxml="$LOGS/triton-tests.xml"

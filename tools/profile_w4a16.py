@@ -4,12 +4,15 @@
         python3 tools/profile_w4a16.py --k 4096 --n 12288 --cfg 1,4,3,1,0 --fusion norm
 
 cfg: r,warps,pf,splits,bulk (engine/cuda/w4a16.py's W4Config). Weights are random
-codes; copies rotate so that the profiled launches read from memory, not L2.
+codes; copies rotate so that the profiled launches read from memory, not L2. --m 2..16
+launches the plain product of that many fp16 rows (the w4a16_m1/m2 `g` kernels, what
+bench/int4_linear.py times at M = 4 and 16) instead of the one-row fused variant.
 """
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 
@@ -24,20 +27,32 @@ def main() -> None:
     p.add_argument("--cfg", required=True, help="r,warps,pf,splits,bulk")
     p.add_argument("--fusion", default="", choices=["", "norm", "residual", "norm_glu"])
     p.add_argument("--launches", type=int, default=6)
+    p.add_argument("--m", type=int, default=1, help="activation rows (2..16: plain product)")
     args = p.parse_args()
+    if not 1 <= args.m <= 16:
+        p.error(f"--m must be 1..16, got {args.m}")
+    if args.m > 1 and args.fusion:
+        p.error("--m > 1 runs the plain product: leave --fusion out")
     r, w, pf, s, b = (int(v) for v in args.cfg.split(","))
     cfg = W4Config(r, w, pf, s, bool(b))
     codes = torch.randint(0, 16, (args.n, args.k), device="cuda", dtype=torch.uint8)
     scales = (torch.rand(args.k // 128, args.n, device="cuda") * 0.02 + 0.001).half()
     base = CudaInt4(codes, scales, None, args.fusion, "profiled", torch.float16)
-    x = torch.randn(args.k, device="cuda", dtype=torch.float16)
-    scratch = torch.zeros(base.n, device="cuda", dtype=torch.float16)
     copies = [base] + [base.clone() for _ in range(3)]
-    calls = [fused_call(layer, cfg, x, scratch) for layer in copies]
+    if args.m == 1:
+        x = torch.randn(args.k, device="cuda", dtype=torch.float16)
+        scratch = torch.zeros(base.n, device="cuda", dtype=torch.float16)
+        calls = [fused_call(layer, cfg, x, scratch) for layer in copies]
+    else:
+        x = torch.randn(args.m, args.k, device="cuda", dtype=torch.float16)
+        out = torch.empty(args.m, base.n, device="cuda", dtype=torch.float16)
+        for layer in copies:
+            layer.prepare(cfg, args.m)
+        calls = [partial(layer.run, x, out, args.m, cfg, 0) for layer in copies]
     for i in range(args.launches):
         calls[i % len(calls)]()
     torch.cuda.synchronize()
-    print("launched", args.launches, base.effective(cfg, 1).label())
+    print("launched", args.launches, base.effective(cfg, args.m).label(), "m =", args.m)
 
 
 if __name__ == "__main__":
