@@ -476,15 +476,19 @@ def readme_caption(result: dict) -> str:  # type: ignore[type-arg]
     return f"{result['device']}, torch {result['torch']}, rows measured {', '.join(days)}; {runs}"
 
 
-def carried_rows(out: Path, today: str, rows: list[dict[str, object]]) -> list[dict[str, object]]:
+def carried_rows(
+    out: Path, today: str, rows: list[dict[str, object]], device: str
+) -> list[dict[str, object]]:
     """The rows of the newest result up to today (today's, else the last day's) that this
     run does not measure again: a result file holds the latest row of every shape, impl and
     context, each with the `run` and `command` that measured it (readme_caption names
-    their days)."""
+    their days). None where that result was measured on another device: a file names one."""
     files = sorted(p for p in out.glob("*-decode.json") if p.name[:10] <= today)
     if not files:
         return []
     earlier = json.loads(files[-1].read_text())
+    if earlier.get("device") != device:
+        return []
     replaced = {(r["shape"], r["impl"], r["context"]) for r in rows}
     return [
         r for r in earlier.get("rows", []) if (r["shape"], r["impl"], r["context"]) not in replaced
@@ -527,10 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             command=command, copy_bandwidth_gbps=bandwidth, run=dt.datetime.now().isoformat()
         )
     path = args.out / f"{today}-decode.json"
-    kept = carried_rows(args.out, today, rows)
+    device = device_name()
+    kept = carried_rows(args.out, today, rows, device)
     result = {
         "date": today,
-        "device": device_name(),
+        "device": device,
         "torch": torch.__version__,
         "command": command,
         # The commands behind the rows kept (a row replaced by this run drops its command).

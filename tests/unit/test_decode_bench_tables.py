@@ -96,11 +96,10 @@ def test_a_run_carries_the_newest_results_rows_it_does_not_measure_again(
     old = [_measured("llama-2-7b", "hf-eager", 640, "2026-12-01T10:00"),
            _measured("llama-2-7b", "nib-int4-graphs", 640, "2026-12-01T11:00")]  # fmt: skip
     older = [_measured("llama-2-7b", "nib-eager", 640, "2026-11-30T10:00")]
-    (tmp_path / "2026-11-30-decode.json").write_text(json.dumps({"rows": older}))
-    (tmp_path / "2026-12-01-decode.json").write_text(json.dumps({"rows": old}))
-    (tmp_path / "2026-12-03-decode.json").write_text(json.dumps({"rows": older}))  # a later day
+    for day, rows in (("2026-11-30", older), ("2026-12-01", old), ("2026-12-03", older)):
+        (tmp_path / f"{day}-decode.json").write_text(json.dumps({"device": "GPU", "rows": rows}))
     new = [_measured("llama-2-7b", "nib-int4-graphs", 640, "2026-12-02T09:00")]
-    kept = decode.carried_rows(tmp_path, "2026-12-02", new)
+    kept = decode.carried_rows(tmp_path, "2026-12-02", new, "GPU")
     # The newest file up to today, less the row this run measures again.
     assert kept == [old[0]]
     result = {"device": "GPU", "torch": "t", "date": "2026-12-02", "command": "cmd",
@@ -108,4 +107,6 @@ def test_a_run_carries_the_newest_results_rows_it_does_not_measure_again(
     assert decode.readme_caption(result) == (
         "GPU, torch t, rows measured 2026-12-01, 2026-12-02; `cmd a`; `cmd b`"
     )
-    assert decode.carried_rows(tmp_path / "none", "2026-12-02", new) == []
+    assert decode.carried_rows(tmp_path / "none", "2026-12-02", new, "GPU") == []
+    # Another card's rows stay in their own file: one file, one device.
+    assert decode.carried_rows(tmp_path, "2026-12-02", new, "OTHER GPU") == []
