@@ -1,6 +1,7 @@
 """What holds nib's INT4 kernel back at 2..16 rows: the activations' reads, or the rest?
 
     python3 bench/micro_w4_rows.py --out bench/results [--shapes llama-2-7b] [--ms 8,16]
+        [--sources distinct]
 
 Issue 5 asks for one Llama-2-7B layer's four linears in 40 µs at M = 16; they take
 ~49 µs there against ~36 at M = 1 (bench/int4_linear.py). At 2..16 rows each block of
@@ -32,8 +33,10 @@ from int4_linear import LAYERS, check_and_time, copies, cuda_configs, random_int
 
 from nib.engine.quant.format import dequantize
 
+SOURCES = ("distinct", "one-row")
 
-def time_layer(k: int, n: int, m: int) -> list[dict]:
+
+def time_layer(k: int, n: int, m: int, only: tuple[str, ...] = SOURCES) -> list[dict]:
     from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4
 
     g = torch.Generator(device="cuda").manual_seed(k * 7 + n + m)
@@ -43,6 +46,7 @@ def time_layer(k: int, n: int, m: int) -> list[dict]:
         "distinct": torch.randn(m, k, device="cuda", generator=g).half(),
         "one-row": torch.randn(1, k, device="cuda", generator=g).half().expand(m, k),
     }
+    sources = {name: x for name, x in sources.items() if name in only}
     base = CudaInt4(codes, scales, None, "", "bench", torch.float16)
     layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -65,7 +69,11 @@ def main() -> int:
     p.add_argument("--shapes", default="llama-2-7b,qwen2.5-coder-1.5b")
     p.add_argument("--ms", default="16")
     p.add_argument("--layers", default="qkv,o_proj,gate_up,down")
+    p.add_argument("--sources", default=",".join(SOURCES), help="activation sources to time")
     args = p.parse_args()
+    only = tuple(args.sources.split(","))
+    if not only or any(s not in SOURCES for s in only):
+        p.error(f"--sources: a comma-separated subset of {','.join(SOURCES)}")
     if not torch.cuda.is_available():
         print("bench/micro_w4_rows.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -74,23 +82,22 @@ def main() -> int:
     results = []
     for shape in args.shapes.split(","):
         for m in (int(v) for v in args.ms.split(",")):
-            best = {"distinct": 0.0, "one-row": 0.0}
+            best = dict.fromkeys(only, 0.0)
             for name in args.layers.split(","):
                 k, n = LAYERS[shape][name]
-                rows = time_layer(k, n, m)
+                rows = time_layer(k, n, m, only)
                 for r in rows:
                     r["layer"] = f"{shape}.{name}"
-                    print(f"  {r['layer']:<30} m={m:<3} {r['config']:<28} distinct "
-                          f"{r['distinct_us']:7.2f}  one-row {r['one-row_us']:7.2f} us",
-                          flush=True)  # fmt: skip
+                    times = "  ".join(f"{src} {r[f'{src}_us']:7.2f}" for src in only)
+                    print(f"  {r['layer']:<30} m={m:<3} {r['config']:<28} {times} us", flush=True)
                 results += rows
                 for src in best:
                     fastest = min(rows, key=lambda r, s=src: r[f"{s}_us"])
                     best[src] += fastest[f"{src}_us"]
                     print(f"  {shape}.{name} m={m} best {src}: {fastest[f'{src}_us']:.2f} us "
                           f"({fastest['config']})", flush=True)  # fmt: skip
-            print(f"{shape} m={m}: one layer's four, best config each: distinct "
-                  f"{best['distinct']:.1f} us, one-row {best['one-row']:.1f} us", flush=True)  # fmt: skip
+            sums = ", ".join(f"{src} {us:.1f} us" for src, us in best.items())
+            print(f"{shape} m={m}: one layer's four, best config each: {sums}", flush=True)
     write_result(args.out, "micro-w4-rows", "micro_w4_rows.py",
                  {"copy_bandwidth_gbps": bw, "rows": results}, indent=1)  # fmt: skip
     return 0

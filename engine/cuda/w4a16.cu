@@ -341,29 +341,27 @@ NIB_DEVICE void zero(float (&a)[R][MT][4]) {
       for (int e = 0; e < 4; ++e) a[r][mt][e] = 0.f;
 }
 
-// acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
-template <int MT, int R, bool SMEM_X>
-NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
-                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
-  float part[R][MT][4];
-  zero(part);
+// part += W x over half h of a group of R tiles (w: the lane's two chunks per tile, bx:
+// that half's B fragments per n8 tile).
+template <int MT, int R>
+NIB_DEVICE void mma_half(const u32 (&bx)[MT][8], const uint4 (&w)[R][2], int h,
+                         float (&part)[R][MT][4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    u32 bx[MT][8];
+  for (int r = 0; r < R; ++r) {
+    const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X>(a, b, xs, 2 * grp + h, mt, bx[mt]);
+    for (int j = 0; j < 4; ++j) {
+      u32 frag[4];
+      dequant8(words[j], frag);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const u32 words[4] = {w[r][h].x, w[r][h].y, w[r][h].z, w[r][h].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        u32 frag[4];
-        dequant8(words[j], frag);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, bx[mt][2 * j], bx[mt][2 * j + 1]);
-      }
+      for (int mt = 0; mt < MT; ++mt) mma16816(part[r][mt], frag, bx[mt][2 * j], bx[mt][2 * j + 1]);
     }
   }
+}
+
+// acc += scale x part (rows g and g + 8 of each tile: the scale word's halves).
+template <int MT, int R>
+NIB_DEVICE void add_scaled(const float (&part)[R][MT][4], const u32 (&s)[R], float (&acc)[R][MT][4]) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float s0 = lo_h2f(s[r]), s1 = hi_h2f(s[r]);
@@ -375,6 +373,59 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
       acc[r][mt][3] += part[r][mt][3] * s1;
     }
   }
+}
+
+// acc += scale x (W x) over group `grp` of R tiles: w holds the lane's two chunks per tile.
+template <int MT, int R, bool SMEM_X>
+NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int grp,
+                          const uint4 (&w)[R][2], const u32 (&s)[R], float (&acc)[R][MT][4]) {
+  float part[R][MT][4];
+  zero(part);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    u32 bx[MT][8];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_b<SMEM_X>(a, b, xs, 2 * grp + h, mt, bx[mt]);
+    mma_half<MT, R>(bx, w, h, part);
+  }
+  add_scaled<MT, R>(part, s, acc);
+}
+
+// Activation fragments one group ahead (the `x` twins of the `g` kernels, W4Config.xpf):
+// each warp loads the fragments of its next group from global memory before the products
+// of this one, instead of just before their own products, so that their trip to L1/L2
+// overlaps a group's dequantisation and mma. Under ncu (H100, 2026-12-06) waits on those
+// loads were ~42% of the stalls of the 7B gate_up at M = 16 (bulk r4w4n2: 121 registers,
+// 15% occupancy); the twins hold 2 x MT x 8 more registers, which some shapes pay for in
+// occupancy, so the tuner picks per layer.
+// The B fragments of group `grp` (both chunks, every n8 tile) from global memory.
+template <int MT>
+NIB_DEVICE void load_group_b(const W4Args& a, const Block& b, int grp, u32 (&bx)[2][MT][8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_b<false>(a, b, nullptr, 2 * grp + h, mt, bx[h][mt]);
+}
+
+// mma_group on fragments loaded beforehand (load_group_b).
+template <int MT, int R>
+NIB_DEVICE void mma_group_b(const u32 (&bx)[2][MT][8], const uint4 (&w)[R][2], const u32 (&s)[R],
+                            float (&acc)[R][MT][4]) {
+  float part[R][MT][4];
+  zero(part);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) mma_half<MT, R>(bx[h], w, h, part);
+  add_scaled<MT, R>(part, s, acc);
+}
+
+template <int MT>
+NIB_DEVICE void copy_b(const u32 (&from)[2][MT][8], u32 (&to)[2][MT][8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) to[h][mt][e] = from[h][mt][e];
 }
 
 // Sum the warps' accumulators (shared memory), then split-K (partials + the last block
@@ -531,8 +582,10 @@ NIB_DEVICE void reduce_and_finish(const W4Args& a, const Block& b, const float (
 // Register pipeline: each warp keeps PF groups of its loads in flight in registers.
 extern __shared__ __align__(128) unsigned char smem[];
 
-template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false, bool PICK = false>
+template <int MT, int R, int WARPS, int PF, bool SMEM_X, bool CL = false, bool PICK = false,
+          bool XPF = false>
 NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
+  static_assert(!(XPF && SMEM_X), "XPF loads activations from global memory");
   NIB_TRACE_BLOCK(NIB_KIND_W4A16);
   constexpr int FRAG = R * MT * 4;
   const Block b = block_of(a, R);
@@ -576,13 +629,23 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 
   float acc[R][MT][4];
   zero(acc);
+  u32 bxc[2][MT][8];  // XPF: this warp's next group's activation fragments
+  if constexpr (XPF) load_group_b<MT>(a, b, min(b.gb0 + b.warp, b.gb1 - 1), bxc);
   for (int base = 0; base < n_w; base += PF) {
 #pragma unroll
     for (int p = 0; p < PF; ++p) {
       const int i = base + p;
       if (i < n_w) {
-        mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
-        if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+        if constexpr (XPF) {
+          u32 bxn[2][MT][8];  // the group after (clamped: the last group loads itself again)
+          load_group_b<MT>(a, b, min(b.gb0 + b.warp + (i + 1) * WARPS, b.gb1 - 1), bxn);
+          mma_group_b<MT, R>(bxc, wbuf[p], sbuf[p], acc);
+          if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+          copy_b<MT>(bxn, bxc);
+        } else {
+          mma_group<MT, R, SMEM_X>(a, b, xs, b.gb0 + b.warp + i * WARPS, wbuf[p], sbuf[p], acc);
+          if (i + PF < n_w) load(i + PF, wbuf[p], sbuf[p]);
+        }
       }
     }
   }
@@ -594,8 +657,9 @@ NIB_DEVICE void w4a16_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 // R tiles, contiguous per tile) and scales into NS shared-memory stages with
 // cp.async.bulk, completing on an mbarrier per stage; warp w computes group w of a
 // step. In flight per block: up to NS x R x WARPS KB without holding registers.
-template <int MT, int R, int WARPS, int NS, bool SMEM_X, bool PICK = false>
+template <int MT, int R, int WARPS, int NS, bool SMEM_X, bool PICK = false, bool XPF = false>
 NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
+  static_assert(!(XPF && SMEM_X), "XPF loads activations from global memory");
 #if __CUDA_ARCH__ >= 900
   NIB_TRACE_BLOCK(NIB_KIND_W4A16_BULK);
   constexpr int FRAG = R * MT * 4;
@@ -643,10 +707,20 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
 
   float acc[R][MT][4];
   zero(acc);
+  u32 bxc[2][MT][8];  // XPF: this warp's next group's activation fragments
+  if constexpr (XPF) load_group_b<MT>(a, b, min(b.gb0 + b.warp, b.gb1 - 1), bxc);
   for (int i = 0; i < steps; ++i) {
     const int stage = i % NS;
-    mbar_wait(bars + stage, (u32)((i / NS) & 1));
-    const int grp = b.gb0 + i * WARPS + b.warp;
+    int grp;
+    u32 bxn[2][MT][8];  // XPF: the group after, its loads on their way during the wait
+    if constexpr (XPF) {
+      grp = b.gb0 + i * WARPS + b.warp;
+      load_group_b<MT>(a, b, min(grp + WARPS, b.gb1 - 1), bxn);
+      mbar_wait(bars + stage, (u32)((i / NS) & 1));
+    } else {
+      mbar_wait(bars + stage, (u32)((i / NS) & 1));
+      grp = b.gb0 + i * WARPS + b.warp;
+    }
     if (grp < b.gb1) {
       uint4 w[R][2];
       u32 s[R];
@@ -657,8 +731,12 @@ NIB_DEVICE void w4a16_bulk_body(const W4Args& a, const PickPtrs* pk = nullptr) {
         w[r][1] = ws[(b.warp * 2 + 1) * 32 + b.lane];
         s[r] = reinterpret_cast<const u32*>(ssm + (stage * R + r) * SBYTES)[b.warp * 8 + b.g];
       }
-      mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
+      if constexpr (XPF)
+        mma_group_b<MT, R>(bxc, w, s, acc);
+      else
+        mma_group<MT, R, SMEM_X>(a, b, xs, grp, w, s, acc);
     }
+    if constexpr (XPF) copy_b<MT>(bxn, bxc);
     __syncthreads();  // stage consumed by every warp: refill it
     if (threadIdx.x == 0 && i + NS < steps) issue(i + NS);
   }
@@ -734,6 +812,21 @@ extern "C" __global__ void w4_dequant(const DequantArgs a) {
       w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_##TAG##b(const W4Args a) {                    \
     w4a16_bulk_body<MT, R, WARPS, NS, SMEM>(a);                                             \
   }
+// The `g` shapes with activation fragments one group ahead (XPF): w4a16_m<MT>_..._gx and
+// _gbx. The bulk twins promise ptxas no more than one block per SM (launch bounds' second
+// argument): without it ptxas held the one-n8-tile r4 twins to 80 registers and spilled.
+// The register-pipeline twins leave it out: with it ptxas spends registers that cost
+// them resident blocks (r1w4p4: 126 -> 139, four blocks an SM -> three).
+#define W4_XPF_KERNEL(MT, R, WARPS, PF)                                                     \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+      w4a16_m##MT##_r##R##_w##WARPS##_p##PF##_gx(const W4Args a) {                          \
+    w4a16_body<MT, R, WARPS, PF, false, false, false, true>(a);                             \
+  }
+#define W4_XPF_BULK_KERNEL(MT, R, WARPS, NS)                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)                               \
+      w4a16_m##MT##_r##R##_w##WARPS##_n##NS##_gbx(const W4Args a) {                         \
+    w4a16_bulk_body<MT, R, WARPS, NS, false, false, true>(a);                               \
+  }
 // The same one-row launches with the greedy pick in the epilogue (pick.cuh): separate
 // instantiations, so that every other launch compiles exactly as without it.
 #define W4_PICK_KERNEL(R, WARPS, PF)                                                        \
@@ -799,6 +892,30 @@ W4_BULK_KERNEL(1, 2, 8, 3, false, g)
 W4_BULK_KERNEL(2, 2, 8, 3, false, g)
 W4_BULK_KERNEL(1, 4, 8, 2, false, g)
 W4_BULK_KERNEL(2, 4, 8, 2, false, g)
+// 2..16 rows with activation fragments one group ahead: every `g` shape that has both n8
+// tile counts.
+W4_XPF_KERNEL(1, 1, 4, 4)
+W4_XPF_KERNEL(2, 1, 4, 4)
+W4_XPF_KERNEL(1, 2, 4, 2)
+W4_XPF_KERNEL(2, 2, 4, 2)
+W4_XPF_KERNEL(1, 4, 4, 2)
+W4_XPF_KERNEL(2, 4, 4, 2)
+W4_XPF_KERNEL(1, 1, 8, 4)
+W4_XPF_KERNEL(2, 1, 8, 4)
+W4_XPF_KERNEL(1, 2, 8, 2)
+W4_XPF_KERNEL(2, 2, 8, 2)
+W4_XPF_KERNEL(1, 1, 16, 2)
+W4_XPF_KERNEL(2, 1, 16, 2)
+W4_XPF_BULK_KERNEL(1, 1, 4, 4)
+W4_XPF_BULK_KERNEL(2, 1, 4, 4)
+W4_XPF_BULK_KERNEL(1, 2, 4, 3)
+W4_XPF_BULK_KERNEL(2, 2, 4, 3)
+W4_XPF_BULK_KERNEL(1, 4, 4, 2)
+W4_XPF_BULK_KERNEL(2, 4, 4, 2)
+W4_XPF_BULK_KERNEL(1, 2, 8, 3)
+W4_XPF_BULK_KERNEL(2, 2, 8, 3)
+W4_XPF_BULK_KERNEL(1, 4, 8, 2)
+W4_XPF_BULK_KERNEL(2, 4, 8, 2)
 // Split-K merged in a thread-block cluster (sm_90): the split configs the step runs.
 W4_CLUSTER_KERNEL(1, 1, 4, 4, true, s)
 W4_CLUSTER_KERNEL(1, 1, 8, 2, true, s)

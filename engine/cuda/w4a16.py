@@ -114,7 +114,9 @@ class W4Config:
     """One launch shape: `r` 16-row tiles per block, `warps` warps sharing the block's K
     slice, `pf` groups of 128 inputs in flight per warp (register pipeline) or stages of
     `warps` groups (bulk), `splits` blocks along K; `bulk`: weights stream into shared
-    memory through the copy engine (sm_90) instead of through registers."""
+    memory through the copy engine (sm_90) instead of through registers; `xpf` (2..16
+    rows only): each warp loads its next group's activations before this group's
+    products (the `x` twins of the `g` kernels)."""
 
     r: int = 1
     warps: int = 4
@@ -122,12 +124,15 @@ class W4Config:
     splits: int = 1
     bulk: bool = False
     cluster: bool = False  # the splits merge in a thread-block cluster (sm_90)
+    xpf: bool = False  # activations one group ahead (multi-row kernels)
 
     def label(self) -> str:
         split = f"s{self.splits}" if self.splits > 1 else ""
+        ahead = " xpf" if self.xpf else ""
         if self.bulk:
-            return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}"
-        return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}{'c' if self.cluster else ''}"
+            return f"int4 mma16 bulk r{self.r}w{self.warps}n{self.pf}{split}{ahead}"
+        tail = "c" if self.cluster else ""
+        return f"int4 mma16 r{self.r}w{self.warps}p{self.pf}{split}{tail}{ahead}"
 
 
 # The instantiations in w4a16.cu: (mt, r, warps, depth) per pipeline and activation source.
@@ -145,6 +150,11 @@ GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4,
 # split configs the decode and verify steps run.
 CLUSTER_STAGED = {(1, 1, 4, 4), (1, 1, 8, 2), (1, 1, 8, 4), (1, 2, 4, 2)}
 CLUSTER_GLOBAL = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2)}
+# Activations one group ahead (W4_XPF_KERNEL, W4_XPF_BULK_KERNEL): every `g` shape with
+# both n8 tile counts. Split-K twins are not tried: in the run that chose these
+# (bench/README.md, "Activations one group ahead") no split won with them.
+GLOBAL_XPF = {shape for shape in GLOBAL if (3 - shape[0], *shape[1:]) in GLOBAL}
+GLOBAL_BULK_XPF = {shape for shape in GLOBAL_BULK if (3 - shape[0], *shape[1:]) in GLOBAL_BULK}
 BULK_CAPABILITY = (9, 0)
 CLUSTER_CAPABILITY = (9, 0)
 
@@ -172,6 +182,12 @@ MULTI_ROW += tuple(
     if mt == 1 and (2, r, w, d) in CLUSTER_GLOBAL
     for s in (2, 4)
 )
+MULTI_ROW += tuple(
+    W4Config(r, w, d, 1, bulk, xpf=True)
+    for bulk, table in ((False, GLOBAL_XPF), (True, GLOBAL_BULK_XPF))
+    for (mt, r, w, d) in sorted(table)
+    if mt == 1
+)
 
 
 def runs_on(cfg: W4Config, capability: tuple[int, int]) -> bool:
@@ -189,6 +205,14 @@ def kernel_name(mt: int, cfg: W4Config, staged: bool, pick: bool = False) -> str
 
 
 def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
+    if cfg.xpf:
+        if staged or cfg.cluster or cfg.splits > 1:
+            raise ValueError(f"w4a16: xpf runs 2..16 rows without splits, not {cfg}")
+        table = GLOBAL_BULK_XPF if cfg.bulk else GLOBAL_XPF
+        if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
+            raise ValueError(f"w4a16: no kernel for mt={mt} {cfg}")
+        depth = "n" if cfg.bulk else "p"
+        return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_g{'bx' if cfg.bulk else 'x'}"
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
     elif cfg.cluster:
@@ -325,8 +349,10 @@ class CudaInt4:
         r = _rows_of(cfg.r, self.tiles)
         groups = self.k // GROUP_SIZE
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
-        # One split has nothing to merge: the plain kernel of the same shape runs.
-        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1)
+        # One split has nothing to merge: the plain kernel of the same shape runs. One row
+        # is staged in shared memory: nothing to load ahead.
+        xpf = cfg.xpf and m > 1 and splits == 1
+        return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1, xpf)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
         """Allocate cfg's split-K partials and counters for m rows (before capture)."""

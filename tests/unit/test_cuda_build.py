@@ -83,6 +83,9 @@ def test_every_w4a16_config_has_a_kernel() -> None:
     text = (build.HERE / "w4a16.cu").read_text()
 
     def defined(mt: int, cfg: w4a16.W4Config, staged: bool) -> bool:
+        if cfg.xpf:
+            macro = "W4_XPF_BULK_KERNEL" if cfg.bulk else "W4_XPF_KERNEL"
+            return f"{macro}({mt}, {cfg.r}, {cfg.warps}, {cfg.pf})" in text
         macro = (
             "W4_BULK_KERNEL" if cfg.bulk else "W4_CLUSTER_KERNEL" if cfg.cluster else "W4_KERNEL"
         )
@@ -96,6 +99,37 @@ def test_every_w4a16_config_has_a_kernel() -> None:
             assert defined(mt, cfg, False), w4a16.kernel_name(mt, cfg, False)
     assert any(c.bulk for c in w4a16.ONE_ROW) and any(not c.bulk for c in w4a16.ONE_ROW)
     assert any(c.cluster for c in w4a16.ONE_ROW) and any(c.cluster for c in w4a16.MULTI_ROW)
+    assert not any(c.xpf for c in w4a16.ONE_ROW)
+    assert any(c.xpf and c.bulk for c in w4a16.MULTI_ROW)
+    assert any(c.xpf and not c.bulk for c in w4a16.MULTI_ROW)
+
+
+def test_xpf_configs_name_their_twins_and_fall_back_where_nothing_is_ahead() -> None:
+    """An xpf config runs the `x` twin of its `g` kernel at 2..16 rows; one staged row has
+    nothing to load ahead (effective() drops it), and a split or cluster xpf is refused."""
+    from nib.engine.cuda import w4a16
+
+    cfg = w4a16.W4Config(4, 4, 2, 1, bulk=True, xpf=True)
+    assert cfg.label() == "int4 mma16 bulk r4w4n2 xpf"
+    assert w4a16.W4Config(2, 4, 2, xpf=True).label() == "int4 mma16 r2w4p2 xpf"
+    assert w4a16.kernel_name(2, cfg, False) == "w4a16_m2_r4_w4_n2_gbx"
+    assert w4a16.kernel_name(1, w4a16.W4Config(2, 4, 2, xpf=True), False) == "w4a16_m1_r2_w4_p2_gx"
+    # its plain twin is another kernel
+    assert (
+        w4a16.kernel_name(2, w4a16.W4Config(4, 4, 2, 1, bulk=True), False) == "w4a16_m2_r4_w4_n2_gb"
+    )
+    packed = object.__new__(w4a16.CudaInt4)  # effective() reads tiles and k only
+    packed.tiles, packed.k = 1376, 4096
+    assert packed.effective(cfg, 16).xpf and packed.effective(cfg, 2).xpf
+    assert not packed.effective(cfg, 1).xpf
+    for bad in (
+        w4a16.W4Config(1, 4, 4, 2, xpf=True),
+        w4a16.W4Config(1, 4, 4, 2, cluster=True, xpf=True),
+    ):
+        with pytest.raises(ValueError, match="xpf"):
+            w4a16.kernel_name(1, bad, False)
+    with pytest.raises(ValueError, match="xpf"):
+        w4a16.kernel_name(1, w4a16.W4Config(1, 4, 4, xpf=True), True)  # staged
 
 
 def test_cubin_cache_is_keyed_by_content(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

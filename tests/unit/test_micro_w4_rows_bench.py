@@ -1,4 +1,5 @@
-"""bench/micro_w4_rows.py says it needs a GPU, and exits 2, where there is none."""
+"""bench/micro_w4_rows.py on a CPU: it says it needs a GPU (exit 2), and refuses unknown
+activation sources by name."""
 
 from __future__ import annotations
 
@@ -18,3 +19,15 @@ def test_refuses_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path
     assert mw.main() == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("sources", ["", "distinct,strided", "one_row"])
+def test_unknown_sources_are_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys, sources: str
+) -> None:  # type: ignore[no-untyped-def]
+    mw = load_bench("micro_w4_rows")
+    monkeypatch.setattr(sys, "argv", ["micro_w4_rows.py", "--sources", sources])
+    with pytest.raises(SystemExit) as exc:
+        mw.main()
+    assert exc.value.code == 2
+    assert "--sources" in capsys.readouterr().err
