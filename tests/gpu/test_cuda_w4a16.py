@@ -219,6 +219,31 @@ def test_cluster_merge_equals_the_global_merge_bit_for_bit(m: int, splits: int) 
     assert torch.equal(graph_out, outs[1])
 
 
+XPF = [c for c in MULTI_ROW if c.xpf]
+
+
+@pytest.mark.parametrize("m", [3, 16])
+@pytest.mark.parametrize("cfg", XPF, ids=lambda c: c.label())
+def test_xpf_twin_equals_its_plain_kernel_bit_for_bit(cfg: W4Config, m: int) -> None:
+    """Loading a group's activations one group ahead moves loads, not arithmetic: each
+    xpf twin's output equals its plain kernel's exactly, on a layer whose blocks have
+    several groups per warp (the ring of fragments turns over) and a last partial step."""
+    if cfg.bulk and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("bulk copies need sm_90")
+    p, w32 = packed("llama-2-7b.down", "")  # 86 groups: no warp count divides them
+    plain = W4Config(cfg.r, cfg.warps, cfg.pf, 1, cfg.bulk)
+    assert p.effective(cfg, m).xpf and not p.effective(plain, m).xpf
+    x = _x(p.k, m)
+    outs = []
+    for c in (plain, cfg):
+        out = torch.full((m, p.n), float("nan"), device="cuda", dtype=torch.float16)
+        p.run(x, out, m, c, 0)
+        outs.append(out)
+    torch.cuda.synchronize()
+    _compare(outs[1], x.float() @ w32.t(), f"{cfg.label()} m={m}", torch.float16)
+    assert torch.equal(outs[0], outs[1]), cfg.label()
+
+
 def test_graph_replay_with_new_inputs() -> None:
     """A captured sequence norm -> residual -> glu (split-K on) replays right on new inputs."""
     dtype = torch.bfloat16
