@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--sources", default=",".join(SOURCES), help="activation sources to time")
     args = p.parse_args()
     only = tuple(args.sources.split(","))
-    if not only or any(s not in SOURCES for s in only):
+    if any(s not in SOURCES for s in only):
         p.error(f"--sources: a comma-separated subset of {','.join(SOURCES)}")
     if not torch.cuda.is_available():
         print("bench/micro_w4_rows.py needs a CUDA GPU", file=sys.stderr)

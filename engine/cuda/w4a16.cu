@@ -398,6 +398,7 @@ NIB_DEVICE void mma_group(const W4Args& a, const Block& b, const u16* xs, int gr
 // loads were ~42% of the stalls of the 7B gate_up at M = 16 (bulk r4w4n2: 121 registers,
 // 15% occupancy); the twins hold 2 x MT x 8 more registers, which some shapes pay for in
 // occupancy, so the tuner picks per layer.
+
 // The B fragments of group `grp` (both chunks, every n8 tile) from global memory.
 template <int MT>
 NIB_DEVICE void load_group_b(const W4Args& a, const Block& b, int grp, u32 (&bx)[2][MT][8]) {

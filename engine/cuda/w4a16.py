@@ -150,11 +150,6 @@ GLOBAL_BULK = {(1, 1, 4, 4), (1, 2, 4, 3), (2, 1, 4, 4), (2, 2, 4, 3), (1, 4, 4,
 # split configs the decode and verify steps run.
 CLUSTER_STAGED = {(1, 1, 4, 4), (1, 1, 8, 2), (1, 1, 8, 4), (1, 2, 4, 2)}
 CLUSTER_GLOBAL = {(1, 1, 4, 4), (2, 1, 4, 4), (1, 2, 4, 2), (2, 2, 4, 2)}
-# Activations one group ahead (W4_XPF_KERNEL, W4_XPF_BULK_KERNEL): every `g` shape with
-# both n8 tile counts. Split-K twins are not tried: in the run that chose these
-# (bench/README.md, "Activations one group ahead") no split won with them.
-GLOBAL_XPF = {shape for shape in GLOBAL if (3 - shape[0], *shape[1:]) in GLOBAL}
-GLOBAL_BULK_XPF = {shape for shape in GLOBAL_BULK if (3 - shape[0], *shape[1:]) in GLOBAL_BULK}
 BULK_CAPABILITY = (9, 0)
 CLUSTER_CAPABILITY = (9, 0)
 
@@ -182,11 +177,13 @@ MULTI_ROW += tuple(
     if mt == 1 and (2, r, w, d) in CLUSTER_GLOBAL
     for s in (2, 4)
 )
+# Activations one group ahead (W4_XPF_KERNEL, W4_XPF_BULK_KERNEL): a twin of every `g`
+# shape. Split-K twins are not tried: in the run that chose these (bench/README.md,
+# "activations one group ahead") no split won with them.
 MULTI_ROW += tuple(
-    W4Config(r, w, d, 1, bulk, xpf=True)
-    for bulk, table in ((False, GLOBAL_XPF), (True, GLOBAL_BULK_XPF))
-    for (mt, r, w, d) in sorted(table)
-    if mt == 1
+    W4Config(c.r, c.warps, c.pf, 1, c.bulk, xpf=True)
+    for c in MULTI_ROW
+    if c.splits == 1 and not c.cluster
 )
 
 
@@ -208,8 +205,7 @@ def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
     if cfg.xpf:
         if staged or cfg.cluster or cfg.splits > 1:
             raise ValueError(f"w4a16: xpf runs 2..16 rows without splits, not {cfg}")
-        table = GLOBAL_BULK_XPF if cfg.bulk else GLOBAL_XPF
-        if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
+        if (mt, cfg.r, cfg.warps, cfg.pf) not in (GLOBAL_BULK if cfg.bulk else GLOBAL):
             raise ValueError(f"w4a16: no kernel for mt={mt} {cfg}")
         depth = "n" if cfg.bulk else "p"
         return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_g{'bx' if cfg.bulk else 'x'}"
@@ -351,7 +347,7 @@ class CudaInt4:
         splits = max(1, min(cfg.splits, groups // max(1, cfg.warps)))
         # One split has nothing to merge: the plain kernel of the same shape runs. One row
         # is staged in shared memory: nothing to load ahead.
-        xpf = cfg.xpf and m > 1 and splits == 1
+        xpf = cfg.xpf and m > 1
         return W4Config(r, cfg.warps, cfg.pf, splits, cfg.bulk, cfg.cluster and splits > 1, xpf)
 
     def prepare(self, cfg: W4Config, m: int) -> None:
