@@ -15,7 +15,9 @@ passes) and `one-row` (one row expanded to M, stride 0: every block reads the sa
 bytes, which stay in its SM's L1, so the L2 traffic and its latency all but vanish while
 the loads and the products stay the same). If `one-row` is much faster, the activations'
 reads are what to fix; if not, they are not. Every output is checked against an fp32
-reference from a poisoned output (int4_linear.check_and_time).
+reference from a poisoned output (int4_linear.check_and_time). `--ms 1` times the
+one-row configs the same way (activations staged in shared memory: both sources read
+one row), which compares a kernel change at M = 1 and M = 16 in one run.
 Writes `<out>/<date>-micro-w4-rows.json`.
 """
 
@@ -37,7 +39,7 @@ SOURCES = ("distinct", "one-row")
 
 
 def time_layer(k: int, n: int, m: int, only: tuple[str, ...] = SOURCES) -> list[dict]:
-    from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4
+    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4
 
     g = torch.Generator(device="cuda").manual_seed(k * 7 + n + m)
     codes, scales = random_int4(n, k, g)
@@ -51,7 +53,7 @@ def time_layer(k: int, n: int, m: int, only: tuple[str, ...] = SOURCES) -> list[
     layers = [base] + [base.clone() for _ in range(copies(base.weight_bytes) - 1)]
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
     rows = []
-    for eff in cuda_configs(base, MULTI_ROW, m):
+    for eff in cuda_configs(base, ONE_ROW if m == 1 else MULTI_ROW, m):
         row = {"config": eff.label(), "m": m}
         for name, x in sources.items():
             err, us = check_and_time(base, layers, x, out, m, eff, x.float() @ w.t())
@@ -74,6 +76,12 @@ def main() -> int:
     only = tuple(args.sources.split(","))
     if any(s not in SOURCES for s in only):
         p.error(f"--sources: a comma-separated subset of {','.join(SOURCES)}")
+    try:
+        ms = [int(v) for v in args.ms.split(",")]
+    except ValueError:
+        ms = []
+    if not ms or any(not 1 <= m <= 16 for m in ms):
+        p.error(f"--ms: comma-separated row counts from 1 to 16, not {args.ms!r}")
     if not torch.cuda.is_available():
         print("bench/micro_w4_rows.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -81,7 +89,7 @@ def main() -> int:
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     results = []
     for shape in args.shapes.split(","):
-        for m in (int(v) for v in args.ms.split(",")):
+        for m in ms:
             best = dict.fromkeys(only, 0.0)
             for name in args.layers.split(","):
                 k, n = LAYERS[shape][name]

@@ -1,6 +1,6 @@
-"""bench/micro_w4_rows.py on the GPU: every multi-row config runs on both activation
-sources, its outputs (poisoned before each run) match the fp32 reference, and both
-timings come back, on a small layer with two weight copies."""
+"""bench/micro_w4_rows.py on the GPU: every multi-row config (one-row config at m = 1)
+runs on both activation sources, its outputs (poisoned before each run) match the fp32
+reference, and both timings come back, on a small layer with two weight copies."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from tests.bench_modules import load_bench
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("m", [3, 16])
-def test_every_multi_row_config_on_both_sources(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_every_config_on_both_sources(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from nib.engine.cuda import loader
-    from nib.engine.cuda.w4a16 import MULTI_ROW, CudaInt4, runs_on
+    from nib.engine.cuda.w4a16 import MULTI_ROW, ONE_ROW, CudaInt4, runs_on
 
     why = loader.unavailable_reason(torch.device("cuda"))
     if why:
@@ -35,7 +35,7 @@ def test_every_multi_row_config_on_both_sources(m: int, monkeypatch: pytest.Monk
     )
     expected = {
         probe.effective(c, m).label()
-        for c in MULTI_ROW
+        for c in (ONE_ROW if m == 1 else MULTI_ROW)
         if runs_on(probe.effective(c, m), probe.capability)
     }
     assert {r["config"] for r in rows} == expected

@@ -31,3 +31,15 @@ def test_unknown_sources_are_refused_by_name(
         mw.main()
     assert exc.value.code == 2
     assert "--sources" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ms", ["", "0", "17", "4,x", "16,,1"])
+def test_row_counts_out_of_range_are_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, capsys, ms: str
+) -> None:  # type: ignore[no-untyped-def]
+    mw = load_bench("micro_w4_rows")
+    monkeypatch.setattr(sys, "argv", ["micro_w4_rows.py", "--ms", ms])
+    with pytest.raises(SystemExit) as exc:
+        mw.main()
+    assert exc.value.code == 2
+    assert "--ms: comma-separated row counts from 1 to 16" in capsys.readouterr().err
