@@ -76,12 +76,14 @@ def main() -> int:
     only = tuple(args.sources.split(","))
     if any(s not in SOURCES for s in only):
         p.error(f"--sources: a comma-separated subset of {','.join(SOURCES)}")
+    from nib.engine.cuda.w4a16 import MAX_ROWS
+
     try:
         ms = [int(v) for v in args.ms.split(",")]
     except ValueError:
         ms = []
-    if not ms or any(not 1 <= m <= 16 for m in ms):
-        p.error(f"--ms: comma-separated row counts from 1 to 16, not {args.ms!r}")
+    if not ms or any(not 1 <= m <= MAX_ROWS for m in ms):
+        p.error(f"--ms: comma-separated row counts from 1 to {MAX_ROWS}, not {args.ms!r}")
     if not torch.cuda.is_available():
         print("bench/micro_w4_rows.py needs a CUDA GPU", file=sys.stderr)
         return 2
