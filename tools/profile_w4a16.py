@@ -12,12 +12,11 @@ bench/int4_linear.py times at M = 4 and 16) instead of the one-row fused variant
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 import torch
 
 from nib.engine.cuda.int4_swap import fused_call
-from nib.engine.cuda.w4a16 import CudaInt4, W4Config
+from nib.engine.cuda.w4a16 import MAX_ROWS, CudaInt4, W4Config
 
 
 def main() -> None:
@@ -27,10 +26,12 @@ def main() -> None:
     p.add_argument("--cfg", required=True, help="r,warps,pf,splits,bulk")
     p.add_argument("--fusion", default="", choices=["", "norm", "residual", "norm_glu"])
     p.add_argument("--launches", type=int, default=6)
-    p.add_argument("--m", type=int, default=1, help="activation rows (2..16: plain product)")
+    p.add_argument(
+        "--m", type=int, default=1, help=f"activation rows (2..{MAX_ROWS}: plain product)"
+    )
     args = p.parse_args()
-    if not 1 <= args.m <= 16:
-        p.error(f"--m must be 1..16, got {args.m}")
+    if not 1 <= args.m <= MAX_ROWS:
+        p.error(f"--m must be 1..{MAX_ROWS}, got {args.m}")
     if args.m > 1 and args.fusion:
         p.error("--m > 1 runs the plain product: leave --fusion out")
     r, w, pf, s, b = (int(v) for v in args.cfg.split(","))
@@ -45,10 +46,7 @@ def main() -> None:
         calls = [fused_call(layer, cfg, x, scratch) for layer in copies]
     else:
         x = torch.randn(args.m, args.k, device="cuda", dtype=torch.float16)
-        out = torch.empty(args.m, base.n, device="cuda", dtype=torch.float16)
-        for layer in copies:
-            layer.prepare(cfg, args.m)
-        calls = [partial(layer.run, x, out, args.m, cfg, 0) for layer in copies]
+        calls = [lambda layer=layer: layer.linear(x, cfg) for layer in copies]
     for i in range(args.launches):
         calls[i % len(calls)]()
     torch.cuda.synchronize()
