@@ -35,7 +35,20 @@ launch over the same bytes (what a kernel-per-op step pays at the least, before 
 arithmetic) and the bytes' floor. --ring-modes adds diagnostics (no grid barrier, no
 reading of the ring) and --trace stamps each phase (%globaltimer), so a step's time
 splits into its stages. What a whole-step persistent kernel would be worth, before
-anyone writes one.
+anyone writes one. --steps without --ring times the chains alone.
+
+With --merges (sets of a layer's consecutive stages, e.g. "gate_up+down" or
+"qkv+attention,gate_up+down") the chain is timed again with each group as one phase
+over the group's bytes: a step with fewer dependent ops a layer, e.g. an MLP whose
+blocks each own a slice of the intermediate (gate_up then down on that slice, no
+boundary between them), or an attention that starts on each KV head's q/k/v rows as
+they are written. That is a bound: what the fused kernel must do besides streaming is
+not in it, except that --red adds the partial sums such an MLP must reduce: every
+block of the phase holding "down" adds to hidden-size words in global memory ("u64":
+fixed-point `red.add.u64`, deterministic; "f32": `red.add.v4.f32`), or, with
+--red-cluster C, each block to its own 1/C of them, as the blocks of a cluster of C that
+summed their partials in shared memory first (that sum is not in it), so that a word
+takes blocks / C additions instead of one from every block.
 
 Fit per grid and launch mode: t(S) = a + S / b, least squares over S > 0; `a` is the
 fixed cost per kernel (launch, ramp, tail, the wait for the previous kernel), `b`
@@ -43,7 +56,9 @@ the streaming rate. Napkin math: the copy bandwidth (~4.2 TB/s) gives b; a
 Qwen2.5-1.5B decode step has 144 kernels, so every microsecond of `a` is ~0.14 ms
 a token, against a 0.73 ms floor (bf16).
 Writes bench/results/<date>-micro-boundary.json (date, device, torch, command,
-copy_bandwidth_gbps, rows, fits, and phase_rows with --phases).
+copy_bandwidth_gbps, rows, fits, phase_rows with --phases, step_rows with --steps:
+impl, blocks, us_per_step, floor_us_per_step, and merge / red / red_cluster / correct on
+the merged and reducing rows).
 """
 
 from __future__ import annotations
@@ -83,6 +98,10 @@ def bf16_linear_bytes(inputs: int, outputs: int) -> int:
 
 
 LINEAR_BYTES = {"int4": int4_linear_bytes, "bf16": bf16_linear_bytes}
+
+
+# A decode layer's dependent stages, in order (layer_stages gives their bytes).
+STAGES = ("qkv", "attention", "o_proj", "gate_up", "down")
 
 
 def layer_stages(
@@ -144,7 +163,63 @@ class ProbeArgs(ctypes.Structure):
         ("prev", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
         ("per_block", ctypes.c_int),
+        ("red", ctypes.c_void_p),
+        ("red_words", ctypes.c_int),
+        ("red_spread", ctypes.c_int),
     ]
+
+
+# probe.cu's reducing probes: the kernel and the bytes of one word.
+RED_KERNELS = {"u64": ("probe_stream_red_u64", 8), "f32": ("probe_stream_red_f32", 4)}
+
+
+def parse_merges(spec: str) -> list[tuple[tuple[str, ...], ...]]:
+    """--merges: sets separated by ';', each a comma-separated list of groups of a layer's
+    consecutive stages joined by '+' ("gate_up+down;qkv+attention,gate_up+down")."""
+    order = list(STAGES)
+    sets = []
+    for text in (t.strip() for t in spec.split(";")):
+        if not text:
+            continue
+        groups: list[tuple[str, ...]] = []
+        for g in text.split(","):
+            names = tuple(n.strip() for n in g.split("+"))
+            if len(names) < 2 or any(n not in order for n in names):
+                raise ValueError(
+                    f"--merges: {g!r} is not two or more of {', '.join(order)} joined by '+'"
+                )
+            at = order.index(names[0])
+            if list(names) != order[at : at + len(names)]:
+                raise ValueError(
+                    f"--merges: {g!r} must name consecutive stages in order ({' -> '.join(order)})"
+                )
+            if any(n in done for n in names for done in groups):
+                raise ValueError(f"--merges: a stage of {g!r} is in two groups of {text!r}")
+            groups.append(names)
+        sets.append(tuple(groups))
+    return sets
+
+
+def merge_label(groups: tuple[tuple[str, ...], ...]) -> str:
+    return ",".join("+".join(g) for g in groups)
+
+
+def merged_phases(name: str, groups: tuple[tuple[str, ...], ...]) -> tuple[list[str], list[int]]:
+    """step_phases(name) with each group of a layer's stages as one phase (their bytes
+    summed): the same step with fewer dependent ops a layer."""
+    count, stages = LAYERS[name]
+    first = {g[0]: g for g in groups}
+    inside = {n for g in groups for n in g}
+    sizes_of = dict(stages)
+    layer: list[tuple[str, int]] = []
+    for stage, n in stages:
+        if stage in first:
+            g = first[stage]
+            layer.append(("+".join(g), sum(sizes_of[x] for x in g)))
+        elif stage not in inside:
+            layer.append((stage, n))
+    labels, sizes = step_phases(name)
+    return [s for s, _ in layer] * count + [labels[-1]], [n for _, n in layer] * count + [sizes[-1]]
 
 
 class RingArgs(ctypes.Structure):
@@ -364,17 +439,51 @@ def _fmt_trace(tr: dict[str, float]) -> str:
     return "  ".join(f"{k[:-3]} {v:6.2f}" for k, v in tr.items())
 
 
-def time_chain(kernel, pool: torch.Tensor, blocks: int, sizes: list[int]) -> float:  # type: ignore[no-untyped-def]
-    """µs for one pass of probe_stream launches over `sizes` (PDL, one CUDA graph)."""
+def time_chain(  # type: ignore[no-untyped-def]
+    kernel,
+    pool: torch.Tensor,
+    blocks: int,
+    sizes: list[int],
+    red: tuple[object, int] | None = None,
+    red_words: list[int] | None = None,
+    red_spread: int = 1,
+) -> float:
+    """µs for one pass of probe_stream launches over `sizes` (PDL, one CUDA graph). With
+    `red` (a reducing probe kernel, bytes a word), phase i runs that kernel instead and
+    every block adds to red_words[i] words (none where it is 0), blocks b and b + red_spread
+    to the same ones."""
     per_block, offs = phase_layout(pool, blocks, sizes)
     outs = [torch.zeros(blocks, device=pool.device) for _ in range(2)]
+    words = red_words or [0] * len(sizes)
+    buf = torch.zeros(max(max(words), 1) * red_spread * (red[1] if red else 4),
+                      dtype=torch.uint8, device=pool.device)  # fmt: skip
     fns = []
     for i, (n, off) in enumerate(zip(per_block, offs, strict=True)):
         args = ProbeArgs(
-            pool.data_ptr() + off * 16, outs[i % 2].data_ptr(), outs[(i + 1) % 2].data_ptr(), n
-        )
-        fns.append(lambda a=args: kernel.launch((blocks,), (THREADS,), a, 128, pdl=True))
+            pool.data_ptr() + off * 16, outs[i % 2].data_ptr(), outs[(i + 1) % 2].data_ptr(), n,
+            buf.data_ptr(), words[i], red_spread,
+        )  # fmt: skip
+        k = red[0] if red and words[i] else kernel
+        fns.append(lambda a=args, k=k: k.launch((blocks,), (THREADS,), a, 128, pdl=True))
     return graph_us(fns) * len(fns)
+
+
+def red_reference(blocks: int, words: int, spread: int) -> torch.Tensor:
+    """What one launch of a reducing probe leaves in zeroed words: [spread, words], row j
+    the sum of b + 1 over the blocks b with b % spread == j."""
+    sums = [sum(b + 1 for b in range(j, blocks, spread)) for j in range(spread)]
+    return torch.tensor(sums, dtype=torch.float64)[:, None].expand(spread, words)
+
+
+def check_red(kernel, word_bytes: int, blocks: int, words: int, spread: int = 1) -> bool:  # type: ignore[no-untyped-def]
+    """One launch of a reducing probe on zeroed (NaN-free) words against red_reference."""
+    dtype = torch.int64 if word_bytes == 8 else torch.float32
+    buf = torch.zeros(spread, words, dtype=dtype, device="cuda")
+    outs = torch.zeros(2, blocks, device="cuda")
+    kernel.launch((blocks,), (THREADS,), ProbeArgs(0, outs[0].data_ptr(), outs[1].data_ptr(), 0,
+                  buf.data_ptr(), words, spread), 128)  # fmt: skip
+    torch.cuda.synchronize()
+    return bool(torch.equal(buf.cpu().double(), red_reference(blocks, words, spread)))
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -401,7 +510,26 @@ def main() -> int:
     p.add_argument(
         "--steps",
         default="",
-        help=f"with --ring: decode steps' bytes, comma-separated from {','.join(LAYERS)}",
+        help=f"decode steps' bytes, comma-separated from {','.join(LAYERS)} (chains, "
+        "and the ring with --ring)",
+    )
+    p.add_argument(
+        "--merges",
+        default="",
+        help="with --steps: also time the chain with these stages of a layer as one phase; "
+        "sets separated by ';', groups by ',', e.g. 'gate_up+down;qkv+attention,gate_up+down'",
+    )
+    p.add_argument(
+        "--red",
+        default="",
+        help="with --merges: also time each merged set with its phase that holds 'down' "
+        f"reducing a hidden-size partial per block, comma-separated from {','.join(RED_KERNELS)}",
+    )
+    p.add_argument(
+        "--red-cluster",
+        default="1",
+        help="with --red: each block adds its own hidden / C of the words, as the blocks of a "
+        "cluster of C whose partials were summed first (not timed); comma-separated values of C",
     )
     p.add_argument(
         "--chain-blocks",
@@ -431,8 +559,24 @@ def main() -> int:
     for name in steps:
         if name not in LAYERS:
             p.error(f"--steps: {name!r} is not one of {', '.join(LAYERS)}")
-    if steps and not rings:
-        p.error("--steps needs --ring")
+    try:
+        merges = parse_merges(args.merges)
+    except ValueError as e:
+        p.error(str(e))
+    if merges and not steps:
+        p.error("--merges needs --steps")
+    reds = [r for r in args.red.split(",") if r]
+    for r in reds:
+        if r not in RED_KERNELS:
+            p.error(f"--red: {r!r} is not one of {', '.join(RED_KERNELS)}")
+    if reds and not any("down" in g for m in merges for g in m):
+        p.error("--red needs a --merges group that holds 'down'")
+    try:
+        clusters = [int(c) for c in args.red_cluster.split(",") if c]
+    except ValueError:
+        clusters = []
+    if not clusters or any(c < 1 or c > 16 for c in clusters):
+        p.error("--red-cluster: integers from 1 to 16")
     chunk = args.chunk_kb << 10
     if chunk <= 0 or chunk % 16 or any((kb << 10) < chunk for kb in rings):
         p.error("--chunk-kb: a positive number of KB that fits in every --ring")
@@ -548,6 +692,28 @@ def main() -> int:
             step_rows.append(
                 {**base, "impl": f"pdl-chain-{blocks}", "blocks": blocks, "us_per_step": us}
             )
+            hidden = int(SHAPES[name.removesuffix("-4k").rsplit("-", 1)[0]]["hidden_size"])  # type: ignore[call-overload]
+            for groups in merges:
+                m_labels, m_sizes = merged_phases(name, groups)
+                label = merge_label(groups)
+                m_base = {**base, "stages": m_labels[: len(m_labels) // count], "merge": label,
+                          "blocks": blocks}  # fmt: skip
+                us = time_chain(kernel, pool, blocks, m_sizes)
+                step_rows.append({**m_base, "impl": f"pdl-chain-{blocks}-merge[{label}]",
+                                  "us_per_step": us})  # fmt: skip
+                for kind in reds:
+                    red_kernel = module("probe.cu", device).kernel(RED_KERNELS[kind][0])
+                    for c in clusters:
+                        n = -(-hidden // c // 4) * 4
+                        words = [n if "down" in lab.split("+") and "+" in lab else 0
+                                 for lab in m_labels]  # fmt: skip
+                        ok = check_red(red_kernel, RED_KERNELS[kind][1], blocks, n, c)
+                        us = time_chain(kernel, pool, blocks, m_sizes,
+                                        (red_kernel, RED_KERNELS[kind][1]), words, c)  # fmt: skip
+                        step_rows.append({**m_base, "impl": f"pdl-chain-{blocks}-merge[{label}]"
+                                          f"-red-{kind}" + (f"-c{c}" if c > 1 else ""),
+                                          "red": kind, "red_cluster": c, "red_words": n,
+                                          "correct": ok, "us_per_step": us})  # fmt: skip
         for kb in rings:
             grid = ring_blocks(ring_kernel, kb << 10)
             for mode in ring_modes:

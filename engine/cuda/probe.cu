@@ -18,6 +18,17 @@
 // float, then adds the previous launch's value of its slot (the data dependency a layer
 // has on the one before). Loads are issued before griddepcontrol.wait, as nib's GEMVs
 // issue their weight loads; `per_block` 0 makes it a pure boundary: wait, read, write.
+//
+// probe_stream_red_u64 / probe_stream_red_f32: probe_stream, then every block adds its
+// contribution to each of `red_words` shared words in global memory, as a kernel that
+// fuses two ops whose second is split over the first's outputs (a layer's gate_up and
+// down, each block owning a slice of the intermediate) must reduce every block's partial
+// output. _u64: one `red.add.u64` a word (fixed-point, so the sum is the same in any
+// order: deterministic); _f32: one `red.add.v4.f32` per four words (order-dependent
+// rounding). Block b adds b + 1 to each of the `red_words` words from (b % red_spread) x
+// red_words on: with red_spread C, the blocks of a cluster of C that reduced their
+// partials in shared memory first, each adding its own 1/C of the cluster's sum (so a
+// word takes blocks / C additions, not one from every block).
 #include "common.cuh"
 
 struct ProbeArgs {
@@ -25,6 +36,9 @@ struct ProbeArgs {
   const float* prev;  // [blocks] the previous launch's outputs
   float* out;         // [blocks]
   int per_block;      // vectors per block
+  void* red;          // probe_stream_red_*: [red_words] u64 or f32 words every block adds to
+  int red_words;      // per block (a multiple of 4 for _f32)
+  int red_spread;     // blocks b and b + red_spread add to the same words
 };
 
 // The next U of this thread's vectors (stride `step`, `n` in all; zeros past the end).
@@ -49,7 +63,9 @@ NIB_DEVICE float stream_rest(uint4 (&buf)[U], const uint4* p, int i, int step, i
   return s;
 }
 
-template <int U>
+enum { RED_NONE = 0, RED_U64 = 1, RED_F32 = 2 };
+
+template <int U, int RED>
 NIB_DEVICE void probe_body(const ProbeArgs& a) {
   pdl_launch_dependents();
   const uint4* p = a.src + (size_t)blockIdx.x * a.per_block;
@@ -61,9 +77,31 @@ NIB_DEVICE void probe_body(const ProbeArgs& a) {
   extern __shared__ float scratch[];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) a.out[blockIdx.x] = s + ld_cg(a.prev + blockIdx.x);
+  if constexpr (RED == RED_U64) {
+    unsigned long long* w =
+        static_cast<unsigned long long*>(a.red) + (size_t)(blockIdx.x % a.red_spread) * a.red_words;
+    for (int i = threadIdx.x; i < a.red_words; i += blockDim.x)
+      atomicAdd(w + i, (unsigned long long)blockIdx.x + 1ull);
+  } else if constexpr (RED == RED_F32) {
+    float* w = static_cast<float*>(a.red) + (size_t)(blockIdx.x % a.red_spread) * a.red_words;
+    const float v = (float)blockIdx.x + 1.f;
+    for (int i = 4 * threadIdx.x; i < a.red_words; i += 4 * blockDim.x)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                   ::"l"(w + i), "f"(v), "f"(v), "f"(v), "f"(v) : "memory");
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(256) probe_stream(const ProbeArgs a) { probe_body<8>(a); }
+extern "C" __global__ void __launch_bounds__(256) probe_stream(const ProbeArgs a) {
+  probe_body<8, RED_NONE>(a);
+}
+extern "C" __global__ void __launch_bounds__(256) probe_stream_red_u64(const ProbeArgs a) {
+  probe_body<8, RED_U64>(a);
+}
+extern "C" __global__ void __launch_bounds__(256) probe_stream_red_f32(const ProbeArgs a) {
+#if __CUDA_ARCH__ >= 900
+  probe_body<8, RED_F32>(a);
+#endif
+}
 
 // ---- the grid barrier of probe_phases ----------------------------------------------
 NIB_DEVICE unsigned ld_acquire_u32(const unsigned* p) {

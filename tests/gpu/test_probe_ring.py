@@ -81,3 +81,50 @@ def test_the_step_rows_of_the_bench(tmp_path: Path) -> None:
     for shape in ("llama-2-7b", "qwen2.5-coder-1.5b"):  # the four of a layer, not the lm_head
         four = [linears[f"{shape}.{x}"]["us_best"] for x in ("qkv", "o_proj", "gate_up", "down")]
         assert result["linear_layer_us"][shape] == pytest.approx(sum(four))
+
+
+def test_the_merged_step_rows_of_the_bench(tmp_path: Path) -> None:
+    """`--steps --merges --red` as a user runs it, chains only: the merged step's rows,
+    each reducing probe checked (every word holds the sum of all blocks' additions)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (red.add.v4.f32)")
+    from tests.gpu.bench_run import run_bench
+
+    args = ["--no-sweep", "--steps", "qwen2.5-coder-1.5b-int4", "--chain-blocks", "132"]
+    args += ["--merges", "gate_up+down;qkv+attention,gate_up+down", "--red", "u64,f32"]
+    args += ["--red-cluster", "1,8"]
+    result = run_bench("micro_boundary.py", args, tmp_path, "micro-boundary")
+    rows = {r["impl"]: r for r in result["step_rows"]}
+    plain, one, two = "pdl-chain-132", "merge[gate_up+down]", "merge[qkv+attention,gate_up+down]"
+    expected = {plain}
+    for m in (one, two):
+        expected |= {f"{plain}-{m}"}
+        expected |= {f"{plain}-{m}-red-{k}{c}" for k in ("u64", "f32") for c in ("", "-c8")}
+    assert set(rows) == expected
+    for impl, r in rows.items():
+        assert r["us_per_step"] > r["floor_us_per_step"] > 0
+        if "-red-" in impl:
+            assert r["correct"] is True, impl
+            assert r["red_words"] * r["red_cluster"] == 1536
+    assert rows[f"{plain}-{two}"]["stages"] == ["qkv+attention", "o_proj", "gate_up+down"]
+    assert rows[f"{plain}-{one}"]["stages"] == ["qkv", "attention", "o_proj", "gate_up+down"]
+
+
+@pytest.mark.parametrize("kind", ["u64", "f32"])
+@pytest.mark.parametrize(
+    ("blocks", "words", "spread"), [(132, 1536, 1), (264, 512, 8), (77, 64, 16)]
+)
+def test_a_reducing_probe_adds_every_blocks_share(
+    kind: str, blocks: int, words: int, spread: int
+) -> None:
+    """probe_stream_red_*: word w of chunk j ends as the sum of b + 1 over the blocks b with
+    b % spread == j, every word of every chunk (the words start at zero, so an unwritten
+    one is caught), for a spread that does not divide the grid too."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (red.add.v4.f32)")
+    from nib.engine.cuda.loader import module
+
+    mb = load_bench("micro_boundary")
+    name, word_bytes = mb.RED_KERNELS[kind]
+    kernel = module("probe.cu", torch.device("cuda")).kernel(name)
+    assert mb.check_red(kernel, word_bytes, blocks, words, spread)
