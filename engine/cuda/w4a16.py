@@ -202,13 +202,9 @@ def kernel_name(mt: int, cfg: W4Config, staged: bool, pick: bool = False) -> str
 
 
 def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
-    if cfg.xpf:
-        if staged or cfg.cluster or cfg.splits > 1:
-            raise ValueError(f"w4a16: xpf runs 2..16 rows without splits, not {cfg}")
-        if (mt, cfg.r, cfg.warps, cfg.pf) not in (GLOBAL_BULK if cfg.bulk else GLOBAL):
-            raise ValueError(f"w4a16: no kernel for mt={mt} {cfg}")
-        depth = "n" if cfg.bulk else "p"
-        return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_g{'bx' if cfg.bulk else 'x'}"
+    # An xpf config runs the `x` twin of the global-source kernel of its shape.
+    if cfg.xpf and (staged or cfg.cluster or cfg.splits > 1):
+        raise ValueError(f"w4a16: xpf runs 2..16 rows without splits, not {cfg}")
     if cfg.bulk:
         table, depth, tail = (STAGED_BULK if staged else GLOBAL_BULK), "n", "b"
     elif cfg.cluster:
@@ -218,7 +214,8 @@ def _kernel_name(mt: int, cfg: W4Config, staged: bool) -> str:
     if (mt, cfg.r, cfg.warps, cfg.pf) not in table:
         raise ValueError(f"w4a16: no kernel for mt={mt} {cfg} ({'staged' if staged else 'global'})")
     src = "s" if staged else "g"
-    return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_{src}{tail}"
+    ahead = "x" if cfg.xpf else ""
+    return f"w4a16_m{mt}_r{cfg.r}_w{cfg.warps}_{depth}{cfg.pf}_{src}{tail}{ahead}"
 
 
 def shared_bytes(cfg: W4Config, mt: int, staged: bool, groups_per_split: int) -> int:
