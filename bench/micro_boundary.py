@@ -679,6 +679,9 @@ def main() -> int:
                         flush=True,
                     )
     step_rows: list[dict] = []  # type: ignore[type-arg]
+    red_kernels = {kind: (module("probe.cu", device).kernel(name), word_bytes)
+                   for kind, (name, word_bytes) in RED_KERNELS.items() if kind in reds}  # fmt: skip
+    red_checked: dict[tuple[str, int, int, int], bool] = {}  # (kind, blocks, words, C)
     for name in steps:
         count, stages = LAYERS[name]
         labels, sizes = step_phases(name)
@@ -687,33 +690,32 @@ def main() -> int:
         base = {"layers": name, "stages": [s for s, _ in stages], "layer_count": count,
                 "mbytes_per_layer": sum(n for _, n in stages) / (1 << 20),
                 "mbytes_lm_head": lm_head / (1 << 20), "floor_us_per_step": floor}  # fmt: skip
+        hidden = int(SHAPES[name.removesuffix("-4k").rsplit("-", 1)[0]]["hidden_size"])  # type: ignore[call-overload]
+        merged = [(merge_label(groups), *merged_phases(name, groups)) for groups in merges]
         for blocks in [int(b) for b in args.chain_blocks.split(",") if b]:
             us = time_chain(kernel, pool, blocks, sizes)
             step_rows.append(
                 {**base, "impl": f"pdl-chain-{blocks}", "blocks": blocks, "us_per_step": us}
             )
-            hidden = int(SHAPES[name.removesuffix("-4k").rsplit("-", 1)[0]]["hidden_size"])  # type: ignore[call-overload]
-            for groups in merges:
-                m_labels, m_sizes = merged_phases(name, groups)
-                label = merge_label(groups)
+            for label, m_labels, m_sizes in merged:
                 m_base = {**base, "stages": m_labels[: len(m_labels) // count], "merge": label,
                           "blocks": blocks}  # fmt: skip
                 us = time_chain(kernel, pool, blocks, m_sizes)
                 step_rows.append({**m_base, "impl": f"pdl-chain-{blocks}-merge[{label}]",
                                   "us_per_step": us})  # fmt: skip
-                for kind in reds:
-                    red_kernel = module("probe.cu", device).kernel(RED_KERNELS[kind][0])
+                for kind, red in red_kernels.items():
                     for c in clusters:
                         n = -(-hidden // c // 4) * 4
                         words = [n if "down" in lab.split("+") and "+" in lab else 0
                                  for lab in m_labels]  # fmt: skip
-                        ok = check_red(red_kernel, RED_KERNELS[kind][1], blocks, n, c)
-                        us = time_chain(kernel, pool, blocks, m_sizes,
-                                        (red_kernel, RED_KERNELS[kind][1]), words, c)  # fmt: skip
+                        key = (kind, blocks, n, c)
+                        if key not in red_checked:
+                            red_checked[key] = check_red(red[0], red[1], blocks, n, c)
+                        us = time_chain(kernel, pool, blocks, m_sizes, red, words, c)
                         step_rows.append({**m_base, "impl": f"pdl-chain-{blocks}-merge[{label}]"
                                           f"-red-{kind}" + (f"-c{c}" if c > 1 else ""),
                                           "red": kind, "red_cluster": c, "red_words": n,
-                                          "correct": ok, "us_per_step": us})  # fmt: skip
+                                          "correct": red_checked[key], "us_per_step": us})  # fmt: skip
         for kb in rings:
             grid = ring_blocks(ring_kernel, kb << 10)
             for mode in ring_modes:
