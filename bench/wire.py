@@ -112,18 +112,21 @@ def stream_stats(
 
 
 def spread_gaps(stamps: list[float]) -> list[float]:
-    """Client gaps per token (ms), one for each token after the first, with the tokens
-    the server joined into one delta (they share its time stamp) sharing that delta's
-    gap evenly: a delta of n tokens that came G ms after the one before counts n gaps of
-    G / n, where per-token gaps would count one of G and n - 1 of 0 (a client that fell
-    behind would look fast). Equal to the per-token gaps when nothing was joined."""
+    """Client gaps per token (ms), one for each token after the first delta, with the
+    tokens the server joined into one delta (they share its time stamp) sharing that
+    delta's gap evenly: a delta of n tokens that came G ms after the one before counts n
+    gaps of G / n, where per-token gaps would count one of G and n - 1 of 0 (a client
+    that fell behind would look fast). Tokens joined into the first delta have no gap
+    the client can time: they came with the first token, and their wait is in the time
+    to first token, so they count no gap (not gaps of 0). Equal to the per-token gaps
+    when nothing was joined."""
     groups: list[tuple[float, int]] = []  # (stamp, tokens) per delta, in order
     for t in stamps:
         if groups and groups[-1][0] == t:
             groups[-1] = (t, groups[-1][1] + 1)
         else:
             groups.append((t, 1))
-    out = [0.0] * (groups[0][1] - 1) if groups else []
+    out: list[float] = []
     for (a, _), (b, n) in itertools.pairwise(groups):
         out += [(b - a) * 1e3 / n] * n
     return out
@@ -162,8 +165,9 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
     if not client_gaps or not engine_gaps:
         raise BenchFailure(
             f"no inter-token gap to time: {reps} completions of max_tokens={new} gave "
-            f"{tokens} tokens ({text_chunks} text deltas); a model that ends at once "
-            "cannot be timed"
+            f"{tokens} tokens in {deltas} deltas ({text_chunks} text deltas); a model "
+            "that ends at once, or a client so slow that every token came in one "
+            "delta, cannot be timed"
         )
     return {
         # Per token, a joined delta's gap shared by its tokens (spread_gaps).
@@ -176,7 +180,8 @@ def _stream_stats(complete: Any, prompt: str, new: int, reps: int) -> dict[str, 
         "tokens_per_completion": tokens,
         "text_deltas_per_completion": text_chunks,
         # Messages with token ids: fewer than the tokens where the server joined tokens
-        # that waited behind the stream (they share one client time stamp, gap 0).
+        # that waited behind the stream (they share one client time stamp and, after
+        # the first delta, that delta's gap: spread_gaps).
         "deltas_per_completion": deltas,
         "engine_step_boundary_ms": step_boundary_ms(rep_engine_gaps),
     }
