@@ -8,7 +8,9 @@ goes to OUT.json. Only a request's first pass through a probe counts (see
 wire_trace.split). NIB_TRACE_STUB="PREFILL_MS,STEP_MS" replaces the model's forward by a
 wait of that long with the GIL released and logits that always pick one ordinary token
 (the middle id of the vocabulary): what the host does around a GPU engine, without a
-GPU (the CPU engine's kernels would hold both cores otherwise).
+GPU (the CPU engine's kernels would hold both cores otherwise). NIB_TRACE_SWITCH_US sets
+the server's GIL switch interval (sys.setswitchinterval, µs); the interval it runs with
+is the first stamp, `switch_interval_us`, whose value is that interval, not a time.
 """
 
 from __future__ import annotations
@@ -155,9 +157,18 @@ def install() -> None:
     first_per_request(servicer.CompletionServicer, "Session", "yielded")
 
 
+def set_switch_interval() -> None:
+    """The GIL switch interval from NIB_TRACE_SWITCH_US (µs; Python's own if unset),
+    recorded as a stamp."""
+    if os.environ.get("NIB_TRACE_SWITCH_US"):
+        sys.setswitchinterval(float(os.environ["NIB_TRACE_SWITCH_US"]) / 1e6)
+    STAMPS.append(("switch_interval_us", round(sys.getswitchinterval() * 1e6)))
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     atexit.register(lambda: out.write_text(json.dumps(STAMPS)))
+    set_switch_interval()
     if os.environ.get("NIB_TRACE_STUB"):
         prefill_ms, step_ms = map(float, os.environ["NIB_TRACE_STUB"].split(","))
         stub_model(prefill_ms, step_ms)

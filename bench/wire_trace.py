@@ -6,6 +6,7 @@
     python3 bench/wire_trace.py --floor --stub-ms 3,1.9          # gRPC alone: the floor
     python3 bench/wire_trace.py --floor --floor-server sync --client aio --stub-ms 3,1.9
     python3 bench/wire_trace.py --path session --device cpu --stub-ms 3,1.9   # one open Session
+    python3 bench/wire_trace.py --shape qwen2.5-coder-1.5b --switch-us 100  # GIL switch, µs
 
 Runs a server in a child process with timestamps along the path of every request
 (bench/wire_probes.py: nothing in the service changes), streams greedy completions
@@ -26,6 +27,9 @@ kernels do not take the cores the hops need (a 2-core machine has no core to spa
 --path session sends every completion as a message on one open Session (the editors'
 path) instead of a Complete call each: there `intercept` is the server reading the
 start message off the stream, and there is no per-call set-up or interceptor.
+--switch-us sets nib's server's GIL switch interval (Python's is 5 ms): whether the
+engine thread's first calls wait for the event loop to let go of the GIL; the JSON's
+`switch_interval_us` is what the server ran with.
 """
 
 from __future__ import annotations
@@ -169,9 +173,12 @@ async def run_aio_client(address: str, reps: int, new: int) -> tuple[list[dict[s
 
 def measure(
     args: argparse.Namespace, model_dir: Path | None, tmp: Path
-) -> tuple[list[dict[str, int]], Gaps]:
+) -> tuple[list[dict[str, int]], Gaps, int | None]:
+    """One stamped row per timed completion, the inter-token gaps, and the GIL switch
+    interval (µs) nib's server ran with (None for the floor)."""
     out = tmp / "stamps.json"
     env = {**os.environ, "NIB_TRACE_STUB": "" if args.floor else args.stub_ms or ""}
+    env["NIB_TRACE_SWITCH_US"] = "" if args.switch_us is None else str(args.switch_us)
     proc = subprocess.Popen(server_command(args, out, model_dir), env=env)
     try:
         address = f"127.0.0.1:{args.port}"
@@ -182,8 +189,10 @@ def measure(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    server = split(json.loads(out.read_text()))[WARM_UP:]
-    return [{**c, **s} for c, s in zip(client, server, strict=True)], gaps
+    stamps = json.loads(out.read_text())
+    server = split(stamps)[WARM_UP:]
+    rows = [{**c, **s} for c, s in zip(client, server, strict=True)]
+    return rows, gaps, dict(stamps).get("switch_interval_us")  # the last: nib's server only
 
 
 def median_ms(rows: list[dict[str, int]], a: str, b: str) -> float | None:
@@ -242,7 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--spin", type=int, default=0, help="keep CPUs awake with N spinners (bench/spin.py)"
     )
+    p.add_argument(
+        "--switch-us",
+        type=float,
+        help="nib's server's GIL switch interval, µs (sys.setswitchinterval; Python's 5000)",
+    )
     args = p.parse_args(argv)
+    if args.switch_us is not None and (args.floor or not args.switch_us > 0):
+        p.error("--switch-us must be above 0, and sets nib's server's: not with --floor")
     if args.spin < 0:
         p.error("--spin must be at least 0")
     if args.floor_server != "aio" and not args.floor:
@@ -260,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         from spin import spinners
 
         with spinners(args.spin):
-            rows, inter_token = measure(args, model_dir, Path(tmp))
+            rows, inter_token, switch_us = measure(args, model_dir, Path(tmp))
     summary = report(rows, inter_token)
     if args.json is not None:
         flavour = {
@@ -268,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             "client": args.client,
             "path": args.path,
             "spin": args.spin,
+            # What the server ran with (its first stamp); None for the floor.
+            "switch_interval_us": switch_us,
         }
         args.json.write_text(
             json.dumps({"argv": sys.argv, "summary": summary, "rows": rows, **flavour})

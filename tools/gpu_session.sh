@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ring] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wire-switch] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ring] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -25,6 +25,7 @@
 # RPC with gRPC's asyncio and sync servers, interleaved (WIRE_SPINS / FLOOR_SPINS: run them
 # with that many spinners too, bench/spin.py). wake: bench/wake_latency.py (WAKE_ARGS).
 # wire-trace-int4: bench/wire_trace.py on the 1.5B INT4 model, per TRACE_PATHS.
+# wire-switch: the same with nib's server's GIL switch interval at each of SWITCH_US (µs).
 # ncu-w4a16: NCU_SPECS kernels.
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
@@ -144,6 +145,18 @@ for step in ${*:-tests int4 typing decode}; do
                        run "wire-floor-$server-$round-spin$spin" 60 python3 bench/wire_trace.py --floor \
                          --floor-server "$server" --stub-ms 3,1.4 --spin "$spin" \
                          --json "$LOGS/wire-floor-$server-$round-spin$spin.json"
+                     done
+                   done
+                 done ;;
+    wire-switch) # nib's server's GIL switch interval against the time to first token (1.5B
+                 # INT4, bench/wire_trace.py --switch-us), interleaved: SWITCH_ROUNDS rounds,
+                 # each running every SWITCH_PATHS path at every SWITCH_US interval once
+                 for round in $(seq "${SWITCH_ROUNDS:-2}"); do
+                   for path in ${SWITCH_PATHS:-session complete}; do
+                     for us in ${SWITCH_US:-5000 100}; do
+                       run "wire-switch-$path-$us-$round" ${SWITCH_CAP:-120} python3 bench/wire_trace.py \
+                         --shape qwen2.5-coder-1.5b --serve-arg=--quant=int4 --path "$path" \
+                         --reps 60 --switch-us "$us" --json "$LOGS/wire-switch-$path-$us-$round.json"
                      done
                    done
                  done ;;

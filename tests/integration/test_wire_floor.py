@@ -107,9 +107,10 @@ def test_the_trace_follows_completions_on_one_open_session(tmp_path: Path) -> No
     out = tmp_path / "trace.json"
     argv = ["--path", "session", "--device", "cpu", "--stub-ms", "2,1", "--reps", "3"]
     argv += ["--new", "4", "--port", str(free_port()), "--json", str(out)]
-    assert trace.main(argv) == 0
+    assert trace.main([*argv, "--switch-us", "250"]) == 0
     written = json.loads(out.read_text())
     assert written["path"] == "session" and len(written["rows"]) == 3
+    assert written["switch_interval_us"] == 250  # what the server ran with, not the ask
     for row in written["rows"]:
         # "sink" is stamped when the engine's token() returns, which the event loop can
         # beat to its own stamp (it has the event by then): it has no place in the order.
@@ -125,3 +126,13 @@ def test_a_session_trace_runs_nibs_server_only() -> None:
     with pytest.raises(SystemExit) as exit_info:
         load("wire_trace").main(["--path", "session", "--floor"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--switch-us", "0"], ["--floor", "--switch-us", "100"]])
+def test_the_switch_interval_is_nibs_servers_and_positive(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load("wire_trace").main(argv)
+    assert exit_info.value.code == 2
+    assert "--switch-us must be above 0" in capsys.readouterr().err
