@@ -192,7 +192,9 @@ def measure(
     stamps = json.loads(out.read_text())
     server = split(stamps)[WARM_UP:]
     rows = [{**c, **s} for c, s in zip(client, server, strict=True)]
-    return rows, gaps, dict(stamps).get("switch_interval_us")  # the last: nib's server only
+    # nib's server (wire_probes) stamps its switch interval first; the floor does not.
+    first = stamps[0] if stamps else ("", None)
+    return rows, gaps, first[1] if first[0] == "switch_interval_us" else None
 
 
 def median_ms(rows: list[dict[str, int]], a: str, b: str) -> float | None:
