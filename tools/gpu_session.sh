@@ -62,7 +62,20 @@ run() {
   echo "=== $name rc=$rc"
   tail -n "${TAIL:-12}" "$LOGS/$name.log"
 }
+# Steps that start `nib serve` time their runs under a cap; on a fresh machine the first
+# server would spend it in nvcc (2026-12-06: two wire-switch runs killed mid-build). Build
+# nib's CUDA modules once, uncapped by those runs, before the first such step.
+built=""
+prebuild() {
+  [ -n "$built" ] && return
+  built=1
+  run cuda-build ${BUILD_CAP:-300} python3 -c "import sys, torch; from nib.engine.cuda import loader; \
+why = loader.unavailable_reason(torch.device('cuda')); print(why or 'nib CUDA modules built'); sys.exit(1 if why else 0)"
+}
 for step in ${*:-tests int4 typing decode}; do
+  case $step in
+    wire*) prebuild ;;
+  esac
   case $step in
     tests|tests-cuda|tests-triton)
            # tests-cuda: everything but the Triton INT4 files; tests-triton: those and the
