@@ -132,11 +132,16 @@ LAYERS = {
 }
 
 
+def step_shape(name: str) -> tuple[dict[str, object], str]:
+    """The model shape and weight format of LAYERS[name] ("qwen2.5-coder-1.5b-int4-4k")."""
+    shape_name, fmt = name.removesuffix("-4k").rsplit("-", 1)
+    return SHAPES[shape_name], fmt
+
+
 def step_phases(name: str) -> tuple[list[str], list[int]]:
     """A whole decode step of LAYERS[name] as phases: labels and bytes (the lm_head last)."""
     count, stages = LAYERS[name]
-    shape_name, fmt = name.removesuffix("-4k").rsplit("-", 1)
-    shape = SHAPES[shape_name]
+    shape, fmt = step_shape(name)
     lm_head = LINEAR_BYTES[fmt](int(shape["hidden_size"]), int(shape["vocab_size"]))  # type: ignore[call-overload]
     return [s for s, _ in stages] * count + ["lm_head"], [n for _, n in stages] * count + [lm_head]
 
@@ -690,7 +695,7 @@ def main() -> int:
         base = {"layers": name, "stages": [s for s, _ in stages], "layer_count": count,
                 "mbytes_per_layer": sum(n for _, n in stages) / (1 << 20),
                 "mbytes_lm_head": lm_head / (1 << 20), "floor_us_per_step": floor}  # fmt: skip
-        hidden = int(SHAPES[name.removesuffix("-4k").rsplit("-", 1)[0]]["hidden_size"])  # type: ignore[call-overload]
+        hidden = int(step_shape(name)[0]["hidden_size"])  # type: ignore[call-overload]
         merged = [(merge_label(groups), *merged_phases(name, groups)) for groups in merges]
         for blocks in [int(b) for b in args.chain_blocks.split(",") if b]:
             us = time_chain(kernel, pool, blocks, sizes)
