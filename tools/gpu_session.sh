@@ -74,7 +74,7 @@ why = loader.unavailable_reason(torch.device('cuda')); print(why or 'nib CUDA mo
 }
 for step in ${*:-tests int4 typing decode}; do
   case $step in
-    wire*) prebuild ;;
+    wire|wire-int4|wire-trace|wire-trace-int4|wire-switch) prebuild ;;  # not wire-floors: gRPC alone
   esac
   case $step in
     tests|tests-cuda|tests-triton)
