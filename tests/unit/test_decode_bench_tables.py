@@ -1,7 +1,8 @@
 """bench/README.md's decode tables hold exactly what bench/decode.py makes of the committed
 results (the numbers in the README are the JSON's, not typed in), and the profile table
 lists each row at the position it was profiled at (rows from before that was recorded,
-all profiled at one position: one per path)."""
+all profiled at one position: one per path). The top README's summary table, typed by
+hand, is checked against the newest result too, so a new run cannot leave it behind."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "bench" / "README.md"
+TOP_README = ROOT / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,45 @@ def test_the_readme_tables_are_the_results(decode: ModuleType) -> None:
     lines = block("decode-profile")
     assert lines[0] == decode.profile_caption(result, before)
     assert lines[2:] == decode.profile_table(result, before)
+
+
+# The top README's decode table: its label of each row and the (impl, context) it shows.
+TOP_ROWS = {
+    "nib, bf16, graphs (ms/token)": ("nib-graphs", 640),
+    "nib, INT4 RTN, graphs": ("nib-int4-graphs", 640),
+    "nib, INT4, 4K context": ("nib-int4-graphs", 4096),
+    "PyTorch INT4 (tinygemm) under torch.compile, our model code": ("torch-int4-compile", 640),
+    "transformers, static cache + torch.compile": ("hf-static-compile", 640),
+    "transformers eager": ("hf-eager", 640),
+}
+SHAPES = ("llama-2-7b", "qwen2.5-coder-1.5b")
+
+
+def test_the_top_readme_table_is_the_newest_result() -> None:
+    result = latest()
+    text = TOP_README.read_text()
+    cited = re.search(
+        r"Measured on the lent H200 \(`bench/README.md`, `bench/results/([^`]+)`", text
+    )
+    assert cited, "README.md no longer names the decode result its table comes from"
+    assert f"{result['date']}-decode.json" == cited.group(1)
+    rows = {(r["shape"], r["impl"], r["context"]): r for r in result["rows"]}
+    table = re.search(r"^\|.*?\n(?!\|)", text[cited.end() :], re.M | re.S)  # the first table
+    assert table, "no table after the sentence that names the result"
+    cells = {m.group(1): [c.strip() for c in m.group(2).split("|")]
+             for m in re.finditer(r"^\| ([^|]+?) \|(.+)\|$", table.group(0), re.M)}  # fmt: skip
+
+    def ms(shape: str, impl: str, context: int) -> str:
+        r = rows[(shape, impl, context)]
+        digits = 2 if r["ms_per_token_median"] >= 10 else 3
+        value = f"{r['ms_per_token_median']:.{digits}f}"
+        return f"{value} (floor {r['floor_ms']:.2f})" if impl.startswith("nib") else value
+
+    for label, (impl, context) in TOP_ROWS.items():
+        assert cells[label] == [ms(s, impl, context) for s in SHAPES], label
+    ttft = [" / ".join(f"{rows[(s, i, 640)]['ttft_ms']:.1f}" for i in ("nib-graphs", "nib-int4-graphs"))
+            + " ms" for s in SHAPES]  # fmt: skip
+    assert cells["nib time to first token, 512-token prompt, bf16 / INT4"] == ttft
 
 
 def _row(shape: str, impl: str, context: int, kernels: float, total: float, replay: float):  # type: ignore[no-untyped-def]
