@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 PROTO_RELEASED ?= proto/released/nib-v1-0.1.0.json
 
 .PHONY: setup serve test test-unit test-integration test-gpu lint proto proto-check proto-release bench load-test clean \
-	editor-tools check-vscode
+	editor-tools check-vscode gpu-wheels
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 serve: setup
 	$(VENV)/bin/nib serve $(SERVE_ARGS)
+
+# The wheels a GPU run carries to the lent host (no network there) in .whl/: nib's
+# runtime requirements the host's image lacks, at the versions installed here.
+gpu-wheels: setup
+	$(PY) tools/gpu_wheels.py
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 define run_pytest

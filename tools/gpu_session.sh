@@ -32,7 +32,7 @@
 # with what `nib health --verbose` prints on this GPU in its log.
 # stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
-# network: missing wheels travel in .whl/ (README, "GPU runs"). BUDGET_S caps the call.
+# network: missing wheels travel in .whl/ (`make gpu-wheels`; README, "GPU runs"). BUDGET_S caps the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/nib-out}
