@@ -24,6 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parents[1]
 # Packages the GPU host's image provides (torch 2.11 with CUDA, and what it brings),
 # used there at the host's own versions. A name here is neither carried nor walked.
@@ -51,26 +54,15 @@ PLATFORMS = (
 )
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _requirement_name(spec: str) -> tuple[str, str | None]:
     """(name, the extra it belongs to or None) of one Requires-Dist line."""
-    name = canonical(re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec).group(1))
-    marker = spec.split(";", 1)[1] if ";" in spec else ""
-    extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-    return name, extra.group(1) if extra else None
+    req = Requirement(spec)
+    extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", str(req.marker or ""))
+    return canonicalize_name(req.name), extra.group(1) if extra else None
 
 
 def _applies(spec: str) -> bool:
     """Whether a requirement's environment marker (other than `extra`) holds here."""
-    if ";" not in spec:
-        return True
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pip vendors it, but only as pip._vendor
-        from pip._vendor.packaging.requirements import Requirement
     marker = Requirement(spec).marker
     return marker is None or marker.evaluate({"extra": ""})
 
@@ -96,7 +88,21 @@ def to_carry(root: str = "nib", extras: tuple[str, ...] = EXTRAS) -> dict[str, s
 
 
 def _wheel_package(path: Path) -> str:
-    return canonical(path.name.split("-", 1)[0])
+    return canonicalize_name(path.name.split("-", 1)[0])
+
+
+def _fetch(carry: dict[str, str], dest: Path) -> int:
+    """Download `carry` into dest, first removing other versions of those packages."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("*.whl"):
+        if _wheel_package(old) in carry and f"-{carry[_wheel_package(old)]}-" not in old.name:
+            old.unlink()  # another version of a carried package
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+    cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+    cmd += [*platforms, "--dest", str(dest)]
+    cmd += [f"{name}=={version}" for name, version in carry.items()]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,22 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     carry = to_carry()
-    if args.list:
-        for name, version in carry.items():
-            print(f"{name}=={version}")
-        return 0
-    args.dest.mkdir(parents=True, exist_ok=True)
-    for old in args.dest.glob("*.whl"):
-        if _wheel_package(old) in carry and f"-{carry[_wheel_package(old)]}-" not in old.name:
-            old.unlink()  # another version of a carried package
-    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-    cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
-    cmd += [*platforms, "--dest", str(args.dest)]
-    cmd += [f"{name}=={version}" for name, version in carry.items()]
-    done = subprocess.run(cmd, check=False)
-    if done.returncode:
-        return done.returncode
+    if not args.list:
+        done = _fetch(carry, args.dest)
+        if done:
+            return done
     for name, version in carry.items():
         print(f"{name}=={version}")
     return 0
