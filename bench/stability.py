@@ -2,6 +2,7 @@
 
     python3 bench/stability.py                                           # shipped model, CPU
     python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b  # 10,000 steps, 1,000 requests
+    python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b --quant int4  # issue 6's INT4 path
     python3 bench/stability.py --device cpu --steps 64 --requests 20     # a quick look
 
 One engine, configured as the server runs it (CUDA graphs, prefix reuse, and
@@ -28,8 +29,10 @@ cache's stashed copies (entries and a byte budget) and the token healer's device
 biases (engine/healing.py: at most BIAS_CACHE vocabulary rows, which must hold at
 the end); both legitimately differ between the two points. Random-init
 shapes have their special-token rows zeroed (typing_trace.random_model_dir) so
-generation does not stop at once. Merges its row into
-bench/results/<date>-stability.json (by device+shape); exits 1 if it failed.
+generation does not stop at once; they are 16-bit checkpoints, so `--quant int4` is what
+puts the INT4 kernels under the run (round-to-nearest at load, as `nib serve --quant int4`
+does), and the row's `quant` says which weights ran. Merges its row into
+bench/results/<date>-stability.json (by device, shape and quant); exits 1 if it failed.
 """
 
 from __future__ import annotations
@@ -324,6 +327,8 @@ def outcomes(records: list[Tracked]) -> dict[str, int]:
 def failures(row: dict[str, Any], cuda: bool) -> list[str]:
     """Why a row does not pass (empty: it passes)."""
     why = []
+    if row.get("quant_asked", "auto") not in ("auto", row.get("quant", "none")):
+        why.append(f"asked for {row['quant_asked']} weights, the engine ran {row['quantization']}")
     if row["graph_fallbacks"] or row["graphs_not_captured"]:
         why.append(
             f"graph fallbacks {row['graph_fallbacks']}, not captured {row['graphs_not_captured']}"
@@ -451,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--speculative-k", type=int, default=None, help="draft tokens (default: the server's)"
     )
+    parser.add_argument(
+        "--quant",
+        choices=("auto", "none", "int4"),
+        default="auto",
+        help="the weights the engine runs (auto: as the checkpoint is; int4: RTN at load)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     command = "python3 bench/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -472,10 +483,12 @@ def main(argv: list[str] | None = None) -> int:
             max_context=max(2048, args.steps + 64),  # the engine caps it at the model's
             max_tokens_limit=max(1024, args.steps),
             speculative_k=args.speculative_k,
+            quant=args.quant,
         )
         engine = Engine(config).start()
         try:
             assert engine.wait_ready(900), engine.failure
+            quantization = engine.info().quantization  # what ran, as model-info reports it
             row = stability(engine, args.steps, args.requests, args.seed, args.max_new, args.warmup)
             row["speculative_k"] = engine.speculative_k
         finally:
@@ -487,7 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         device = device_name()
     else:
         device = "cpu"
-    row = {"shape": args.shape, "device": device, **row}
+    quant = "int4" if quantization.startswith("int4") else "none"
+    row = {"shape": args.shape, "device": device, "quant": quant, **row}
+    row["quant_asked"] = args.quant
+    row["quantization"] = quantization
     row["wall_s"] = round(time.perf_counter() - started, 1)
     row["failures"] = failures(row, cuda)
     row["passed"] = not row["failures"]
@@ -499,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"rows": []}
     if path.exists():
         result = json.loads(path.read_text())
-    keep = [r for r in result["rows"] if (r["device"], r["shape"]) != (device, args.shape)]
+    # Rows from before `quant` was recorded ran the 16-bit checkpoints as they were.
+    key = (device, args.shape, quant)
+    keep = [r for r in result["rows"] if (r["device"], r["shape"], r.get("quant", "none")) != key]
     result.update(date=today, device=device, torch=torch.__version__, command=command)
     result["rows"] = [*keep, row]
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU host: GPU tests and benchmarks, inside a total time budget; logs
 # and results come back as $OUT/results.tgz (the device tool returns at most 8 files).
-#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wire-switch] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ring] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [pick] [fused-pick]
+#   bash tools/gpu_session.sh [cuda-tests] [w4a16-tests] [triton-tests] [micro] [tests] [tests-cuda] [tests-triton] [int4-tests] [int4] [typing] [decode] [wire] [wire-int4] [wire-trace] [wire-trace-int4] [wire-floors] [wire-switch] [wake] [timeline] [ends] [replay] [residue] [experiments-tests] [variants] [boundary] [ring] [ncu-w4a16] [int4-sweeps] [speculative] [speculative-1.5b] [speculative-7b] [ops] [stability] [stability-int4] [pick] [fused-pick]
 # cuda-tests: the CUDA C++ kernels' GPU tests (tests/gpu/test_cuda_*.py); micro: their
 # micro-benchmarks (bench/micro_*.py, CUDA vs Triton vs PyTorch in one run).
 # tests: all of tests/gpu and tests/unit/test_kernels.py (over 400 s on the H200 since the
@@ -30,7 +30,8 @@
 # pick: the pytest arguments in $PICK (e.g. PICK=tests/gpu/test_decode_core.py), PICK_CAP s.
 # ops: only the start-up self-check / refusal / telemetry tests (tests/gpu runs them too),
 # with what `nib health --verbose` prints on this GPU in its log.
-# stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py).
+# stability: issue 6's run (10,000 decode steps, 1,000 mixed requests; bench/stability.py) on
+# the 16-bit 1.5B shape; stability-int4: the same with --quant int4 on STABILITY_SHAPES.
 # The host has python3 (3.12) with torch, triton, transformers preinstalled and no
 # network: missing wheels travel in .whl/ (`make gpu-wheels`; README, "GPU runs"). BUDGET_S caps the call.
 set -uo pipefail
@@ -199,6 +200,11 @@ for step in ${*:-tests int4 typing decode}; do
     speculative-1.5b) run speculative-1.5b 150 python3 bench/speculative.py --device cuda --shape qwen2.5-coder-1.5b ;;
     speculative-7b) run speculative-7b 180 python3 bench/speculative.py --device cuda --shape llama-2-7b --new 64 ;;
     stability) run stability 300 python3 bench/stability.py --device cuda --shape qwen2.5-coder-1.5b ;;
+    stability-int4) # issue 6's run on the INT4 path, each of STABILITY_SHAPES in turn
+                    for shape in ${STABILITY_SHAPES:-qwen2.5-coder-1.5b llama-2-7b}; do
+                      run "stability-int4-$shape" ${STABILITY_CAP:-300} python3 bench/stability.py \
+                        --device cuda --shape "$shape" --quant int4
+                    done ;;
     ops) TAIL=40 run ops 300 python3 -m pytest -p no:cacheprovider -q -rs -s \
            tests/gpu/test_selfcheck_gpu.py tests/gpu/test_ops_server_gpu.py --junitxml="$LOGS/ops-tests.xml" ;;
     *) echo "unknown step $step" ;;

@@ -3,6 +3,7 @@ and the pass rule fails a row for each defect the issue names."""
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import json
 import sys
@@ -49,6 +50,9 @@ def test_small_cpu_run_passes_and_accounts_for_every_request(
 
 def passing_row() -> dict[str, Any]:
     return {
+        "quant": "int4",
+        "quant_asked": "int4",
+        "quantization": "int4-g128-rtn",
         "graph_fallbacks": 0,
         "graphs_not_captured": [],
         "graphs_captured": 40,
@@ -77,6 +81,10 @@ def passing_row() -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
+        (
+            {"quant_asked": "int4", "quant": "none", "quantization": "none"},
+            "asked for int4 weights, the engine ran none",
+        ),
         ({"graph_fallbacks": 1}, "graph fallbacks"),
         ({"graphs_not_captured": ["decode-greedy-0"]}, "not captured"),
         ({"graphs_captured": 0}, "no CUDA graph"),
@@ -99,3 +107,23 @@ def test_pass_rule_fails_each_defect(
     assert stability.failures(passing_row(), cuda=True) == []
     why = stability.failures({**passing_row(), **change}, cuda=True)
     assert len(why) == 1 and reason in why[0], why
+
+
+def test_int4_run_puts_the_int4_path_under_it_and_keeps_the_16_bit_row(
+    stability: ModuleType, tmp_path: Path
+) -> None:
+    """--quant int4 runs the INT4 weights (as model-info reports them) and its row is merged
+    beside, not over, the same device and shape's 16-bit row (older rows have no `quant`)."""
+    today = dt.date.today().isoformat()
+    earlier = {"shape": "nib-tiny-code", "device": "cpu", "passed": True, "decode_steps": 99}
+    path = tmp_path / f"{today}-stability.json"
+    path.write_text(json.dumps({"rows": [earlier]}))
+    argv = ["--device", "cpu", "--steps", "12", "--requests", "6", "--max-new", "4"]
+    rc = stability.main([*argv, "--warmup", "2", "--quant", "int4", "--out", str(tmp_path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert rows[0] == earlier and len(rows) == 2
+    row = rows[1]
+    assert row["passed"] and rc == 0, row["failures"]
+    assert (row["quant"], row["quant_asked"]) == ("int4", "int4")
+    assert row["quantization"].startswith("int4-g128-"), row["quantization"]
+    assert row["decode_steps"] == 12 and row["requests"] == 6
