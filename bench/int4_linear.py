@@ -355,26 +355,19 @@ def main() -> int:
 
 
 def summary(result: dict, path: Path, elapsed: float) -> None:
-    us = {(r["layer"], r["m"], r["impl"]): r["us_median"] for r in result["rows"]}
-
-    def layer_sum(model: str, m: int, impl: str) -> float:
-        names = ("qkv", "o_proj", "gate_up", "down")
-        return sum(us.get((f"{model}.{nm}", m, impl), float("nan")) for nm in names)
+    from targets import ISSUE_5, linear_us
 
     print(f"\nwrote {path} ({elapsed:.0f} s)\n")
-    print(f"{'target':<44} {'cublas-fp16':>12} {'torch-int4':>11} {'nib-int4':>9} {'bound':>6}")
-    checks = [
-        ("llama-2-7b one layer (4 linears), M=1", lambda i: layer_sum("llama-2-7b", 1, i), 32.0),
-        ("llama-2-7b one layer (4 linears), M=16", lambda i: layer_sum("llama-2-7b", 16, i), 40.0),
-        ("qwen2.5-1.5b one layer (4 linears), M=1", lambda i: layer_sum("qwen2.5-coder-1.5b", 1, i), 12.0),
-        ("llama-2-7b lm_head, M=1", lambda i: us.get(("llama-2-7b.lm_head", 1, i), float("nan")), 20.0),
-    ]  # fmt: skip
-    for label, f, bound in checks:
-        nib = f("nib-int4")
-        verdict = "ok" if nib <= bound else "MISS"
-        print(
-            f"{label:<44} {f('cublas-fp16'):12.1f} {f('torch-int4'):11.1f} {nib:9.1f} {bound:6.0f} {verdict}"
+    print(f"{'target':<50} {'cublas-fp16':>12} {'torch-int4':>11} {'nib-int4':>9} {'bound':>6}")
+    for what, layers, m, bound in ISSUE_5:
+        us = {i: linear_us(result, layers, m, i) for i in ("cublas-fp16", "torch-int4", "nib-int4")}
+        nib = us["nib-int4"]
+        verdict = "ok" if nib is not None and nib <= bound else "MISS"
+        cells = " ".join(
+            f"{'-' if x is None else f'{x:.1f}':>{w}}"
+            for x, w in zip(us.values(), (12, 11, 9), strict=True)
         )
+        print(f"{what:<50} {cells} {bound:6.0f} {verdict}")
 
 
 if __name__ == "__main__":
