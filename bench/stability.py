@@ -22,8 +22,10 @@ prompt-lookup drafting where the server drafts by default, on the CPU; on a GPU
 5. check again: the same two requests must give the same tokens; memory again.
 
 Passes when no graph ran eagerly, every request ended with exactly one DoneEvent
-and none with an error, both checks repeat their tokens, and on CUDA allocated
-memory at the end is at most 1 MiB above its value after warm-up. Two bounded
+and none with an error, both checks repeat their tokens, and on CUDA the bytes the
+live tensors asked for (the allocator's `requested_bytes`; `allocated` also holds its
+rounding and unsplit block tails, reported beside it) are at the end at most 1 MiB
+above their value after warm-up. Two bounded
 caches are left out of that comparison, their bytes reported beside it: the prefix
 cache's stashed copies (entries and a byte budget) and the token healer's device
 biases (engine/healing.py: at most BIAS_CACHE vocabulary rows, which must hold at
@@ -296,12 +298,22 @@ def memory(engine: Engine) -> dict[str, int | None]:
         "healing_bias": engine.healer.cached_bytes if engine.healer else 0,
     }
     if engine.device.type != "cuda":
-        return {"allocated": None, "reserved": None, "graph_pool": None, **caches}
+        return {
+            "allocated": None,
+            "requested": None,
+            "reserved": None,
+            "graph_pool": None,
+            **caches,
+        }
     torch.cuda.synchronize(engine.device)
     runner = engine.runner
     pool = graph_pool_usage(engine.device, runner.pool, 0) if runner and runner.pool else None
     return {
         "allocated": torch.cuda.memory_allocated(engine.device),
+        # The bytes the live tensors asked for: the caches' nbytes are in the same measure,
+        # where "allocated" also holds the allocator's rounding and unsplit block tails
+        # (up to ~1 MiB a tensor of the large pool, e.g. a 7B prefix stash's 64 copies).
+        "requested": torch.cuda.memory_stats(engine.device).get("requested_bytes.all.current"),
         "reserved": torch.cuda.memory_reserved(engine.device),
         # "reserved-delta" is a start-up measure: meaningless read again here
         "graph_pool": pool.reserved if pool and pool.method == "snapshot" else None,
@@ -352,12 +364,14 @@ def failures(row: dict[str, Any], cuda: bool) -> list[str]:
     if cuda:
         caches_end = row["prefix_stash_bytes_end"] + row["healing_bias_bytes_end"]
         caches_start = row["prefix_stash_bytes_start"] + row["healing_bias_bytes_start"]
-        grew = (row["memory_allocated_end"] - caches_end) - (
-            row["memory_allocated_start"] - caches_start
+        # Requested bytes where the row has them (rows before 2026-12-06: allocated).
+        measure = "requested" if row.get("memory_requested_start") is not None else "allocated"
+        grew = (row[f"memory_{measure}_end"] - caches_end) - (
+            row[f"memory_{measure}_start"] - caches_start
         )
         if grew > MIB:
             why.append(
-                f"allocated memory grew by {grew} bytes (prefix stash and healing biases excluded)"
+                f"{measure} memory grew by {grew} bytes (prefix stash and healing biases excluded)"
             )
         if row["healing_bias_bytes_end"] > row["healing_bias_bytes_bound"]:
             why.append(
@@ -418,6 +432,8 @@ def stability(
         same_output_fixed_seed=before == after and all(before),
         memory_allocated_start=start["allocated"],
         memory_allocated_end=end["allocated"],
+        memory_requested_start=start["requested"],
+        memory_requested_end=end["requested"],
         memory_reserved_start=start["reserved"],
         memory_reserved_end=end["reserved"],
         graph_pool_bytes_start=start["graph_pool"],

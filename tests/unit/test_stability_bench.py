@@ -46,6 +46,7 @@ def test_small_cpu_run_passes_and_accounts_for_every_request(
     assert row["same_output_fixed_seed"] is True
     assert row["graph_fallbacks"] == 0
     assert row["memory_allocated_start"] is None and row["memory_reserved_end"] is None
+    assert row["memory_requested_start"] is None
 
 
 def passing_row() -> dict[str, Any]:
@@ -69,7 +70,9 @@ def passing_row() -> dict[str, Any]:
         "decode_steps_planned": 10_000,
         "same_output_fixed_seed": True,
         "memory_allocated_start": 3 << 30,
-        "memory_allocated_end": (3 << 30) + (64 << 20),  # 64 MiB more, all of it stashes
+        "memory_allocated_end": (3 << 30) + (72 << 20),  # + the allocator's 8 MiB of tails
+        "memory_requested_start": (3 << 30) - (1 << 20),
+        "memory_requested_end": (3 << 30) + (63 << 20),  # 64 MiB more, all of it stashes
         "prefix_stash_bytes_start": 0,
         "prefix_stash_bytes_end": 60 << 20,
         "healing_bias_bytes_start": 1 << 20,
@@ -94,7 +97,11 @@ def passing_row() -> dict[str, Any]:
         ({"requests": 990}, "990 of 1000"),
         ({"decode_steps": 9000}, "decoded 9000"),
         ({"same_output_fixed_seed": False}, "changed their tokens"),
-        ({"memory_allocated_end": (3 << 30) + (66 << 20)}, "grew by 2097152 bytes"),
+        ({"memory_requested_end": (3 << 30) + (65 << 20)}, "requested memory grew by 2097152"),
+        (  # a row from before requested bytes were recorded is judged on allocated bytes
+            {"memory_requested_start": None, "memory_requested_end": None},
+            "allocated memory grew by 8388608",
+        ),
         (
             {"healing_bias_bytes_end": 11 << 20, "prefix_stash_bytes_end": 54 << 20},
             "above their bound",
