@@ -165,6 +165,27 @@ def test_limits_are_judged_only_on_their_card(targets: ModuleType, tmp_path: Pat
     assert not any("met" in line for line in targets.table(on_h100))
 
 
+def test_stability_is_judged_on_any_gpu_never_the_cpu(targets: ModuleType, tmp_path: Path) -> None:
+    """Stability is a pass or fail asked of the GPU, not an H200 figure: the newest GPU
+    result counts whatever the card, named beside the file; a CPU run never does."""
+    rows = [
+        stability_row(s, "int4", s == "llama-2-7b") for s in ("llama-2-7b", "qwen2.5-coder-1.5b")
+    ]
+    write(tmp_path, "2026-12-02-stability.json", H200, [stability_row("llama-2-7b", "int4", False)])
+    write(tmp_path, "2026-12-06-stability.json", H100, rows)
+    write(
+        tmp_path, "2026-12-07-stability.json", "cpu", [stability_row("llama-2-7b", "int4", False)]
+    )
+    for card in ("H200", "H100"):
+        got = {s.target.what: s for s in targets.standings(tmp_path, card) if s.target.any_gpu}
+        seven = got["Llama-2-7B INT4: 10,000 steps and 1,000 requests, rows failed"]
+        qwen = got["Qwen2.5-1.5B INT4: 10,000 steps and 1,000 requests, rows failed"]
+        assert (seven.verdict, qwen.verdict) == ("met", "missed")
+        assert seven.source == "2026-12-06-stability.json" and seven.device == H100
+    (line,) = [x for x in targets.table(list(got.values())) if "Llama-2-7B INT4: 10,000" in x]
+    assert line.endswith("`2026-12-06-stability.json` (NVIDIA H100 80GB HBM3) |")
+
+
 def test_newest_file_by_date_then_commit_and_never_an_experiment(
     targets: ModuleType, tmp_path: Path
 ) -> None:
