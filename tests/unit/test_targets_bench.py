@@ -4,17 +4,17 @@ what the script makes of the committed results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.bench_modules import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = "NVIDIA H200 (132 SMs, 140 GiB)"
@@ -23,13 +23,7 @@ H100 = "NVIDIA H100 80GB HBM3 (132 SMs, 79 GiB)"
 
 @pytest.fixture(scope="module")
 def targets() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("targets_bench", ROOT / "bench" / "targets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["targets_bench"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("targets")
 
 
 def decode_rows(scale: float) -> list[dict[str, Any]]:
