@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,10 +227,8 @@ def newest(results: Path, kind: str, card: str, any_gpu: bool = False) -> tuple[
 
 
 def committed(path: Path) -> int:
-    """When git last committed this file (seconds; 0 if never, or no git): orders a day's
-    files, whose names hold only the date. An uncommitted file counts as the newest."""
-    import subprocess
-
+    """When git last committed this file (seconds), to order a day's files, whose names
+    hold only the date. A file git does not know (or no git at all) counts as the newest."""
     try:
         out = subprocess.run(
             ["git", "log", "-1", "--format=%ct", "--", path.name],
@@ -239,8 +239,8 @@ def committed(path: Path) -> int:
             check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return int(out) if out else (1 << 62 if path.exists() else 0)
+        out = ""
+    return int(out) if out else 1 << 62
 
 
 def standings(results: Path = RESULTS, card: str = CARD) -> list[Standing]:
@@ -304,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(rows)
     print(caption(args.device) + "\n")
     print("\n".join(lines))
-    counts: dict[str, int] = {}
-    for s in rows:
-        counts[s.verdict] = counts.get(s.verdict, 0) + 1
+    counts = Counter(s.verdict for s in rows)
     print("\n" + ", ".join(f"{n} {v}" for v, n in counts.items()))
     if args.json:
         args.json.write_text(
@@ -334,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         from common import write_readme_table
 
         write_readme_table("targets", caption(args.device), lines)
-    return 1 if args.fail_on_miss and counts.get("met", 0) < len(rows) else 0
+    return 1 if args.fail_on_miss and counts["met"] < len(rows) else 0
 
 
 if __name__ == "__main__":
