@@ -1,15 +1,16 @@
 """Where nib stands against issues 4, 5 and 6's targets, read from the committed results.
 
-    python3 bench/targets.py                    # the newest H200 result of each kind
+    python3 bench/targets.py                    # the newest H200 result of each target
     python3 bench/targets.py --device H100      # another card's results, same (H200) limits
     python3 bench/targets.py --json t.json --fail-on-miss
 
 Measures nothing: it reads bench/results/<date>-<kind>[-suffix].json, as written by
 bench/decode.py (issues 4 and 6), bench/int4_linear.py (issue 5), bench/wire.py and
-bench/stability.py (issue 6), taking for each kind the newest file whose device names the
-card asked for (`--device`, a substring; experiment files are left out). Every target is
-printed with its limit, the measured value, met or missed, and the file it came from. A
-target with no such result is "not measured", which --fail-on-miss counts as a miss.
+bench/stability.py (issue 6), and takes each target from the newest file that measured it
+on the card asked for (`--device`, a substring; experiment files are left out), so a run of
+one shape leaves the other shape's figures standing. Every target is printed with its
+limit, the measured value, met or missed, and the file it came from. A target no such file
+measured is "not measured", which --fail-on-miss counts as a miss.
 The speed limits are the issues' and are H200 figures: another card's results are printed
 against them, never as meeting them. The stability run is a pass or fail the issue asks
 of the GPU, so its newest result from any GPU is judged, naming the card. `--readme`
@@ -204,9 +205,11 @@ def result_device(result: Result) -> str:
     return str(result.get("device") or result.get("gpu") or "")
 
 
-def newest(results: Path, kind: str, card: str, any_gpu: bool = False) -> tuple[str, Result] | None:
-    """The newest <date>-<kind>[-suffix].json (by date, then commit) measured on `card`
-    (any_gpu: on any device but the CPU)."""
+def candidates(
+    results: Path, kind: str, card: str, any_gpu: bool = False
+) -> list[tuple[str, Result]]:
+    """The <date>-<kind>[-suffix].json files measured on `card` (any_gpu: on any device
+    but the CPU), newest first: by date, then by when git committed them."""
     pattern = re.compile(rf"^\d{{4}}-\d\d-\d\d-{re.escape(kind)}(-[a-z0-9.-]+)?\.json$")
     found = []
     for path in results.glob(f"*-{kind}*.json"):
@@ -215,15 +218,15 @@ def newest(results: Path, kind: str, card: str, any_gpu: bool = False) -> tuple[
         result = json.loads(path.read_text())
         device = result_device(result).lower()
         if (device not in ("", "cpu")) if any_gpu else (card.lower() in device):
-            found.append((path.name[:10], path.name, result))
-    if not found:
-        return None
-    day = max(f[0] for f in found)
-    latest = sorted(
-        (f for f in found if f[0] == day), key=lambda f: (committed(results / f[1]), f[1])
-    )
-    _, name, result = latest[-1]
-    return name, result
+            found.append((path.name[:10], committed(path), path.name, result))
+    found.sort(reverse=True, key=lambda f: f[:3])
+    return [(name, result) for _, _, name, result in found]
+
+
+def newest(results: Path, kind: str, card: str, any_gpu: bool = False) -> tuple[str, Result] | None:
+    """The newest such file, or None."""
+    found = candidates(results, kind, card, any_gpu)
+    return found[0] if found else None
 
 
 def committed(path: Path) -> int:
@@ -244,17 +247,24 @@ def committed(path: Path) -> int:
 
 
 def standings(results: Path = RESULTS, card: str = CARD) -> list[Standing]:
+    """Each target from the newest file that measured it: a run of one shape or one impl
+    (STABILITY_SHAPES, DECODE_IMPLS) leaves the others' newest figures standing. A target
+    no file measured is "not measured", naming the newest file of its kind."""
     wanted = {(t.kind, t.any_gpu) for t in TARGETS}
-    files = {(kind, gpu): newest(results, kind, card, gpu) for kind, gpu in wanted}
+    files = {(kind, gpu): candidates(results, kind, card, gpu) for kind, gpu in wanted}
     out = []
     for target in TARGETS:
         found = files[target.kind, target.any_gpu]
-        if found is None:
-            out.append(Standing(target, None, "", card))
+        measured = ((name, r, target.value(r)) for name, r in found)
+        hit = next((m for m in measured if m[2] is not None), None)
+        if hit is not None:
+            name, result, value = hit
+            out.append(Standing(target, value, name, card, result_device(result)))
+        elif found:
+            name, result = found[0]
+            out.append(Standing(target, None, name, card, result_device(result)))
         else:
-            name, result = found
-            device = result_device(result)
-            out.append(Standing(target, target.value(result), name, card, device))
+            out.append(Standing(target, None, "", card))
     return out
 
 
@@ -281,8 +291,8 @@ def table(rows: list[Standing]) -> list[str]:
 
 def caption(card: str) -> str:
     return (
-        f"The issues' targets (H200 figures) against the newest {card} result of each kind in "
-        f"`results/`, `python3 bench/targets.py{'' if card == CARD else ' --device ' + card}`"
+        f"The issues' targets (H200 figures) against the newest {card} result that measured each, in "
+        f"`results/`: `python3 bench/targets.py{'' if card == CARD else ' --device ' + card}`"
     )
 
 

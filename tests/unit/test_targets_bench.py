@@ -180,6 +180,34 @@ def test_stability_is_judged_on_any_gpu_never_the_cpu(targets: ModuleType, tmp_p
     assert line.endswith("`2026-12-06-stability.json` (NVIDIA H100 80GB HBM3) |")
 
 
+def test_each_target_from_the_newest_file_that_measured_it(
+    targets: ModuleType, tmp_path: Path
+) -> None:
+    """A newer run of one shape (STABILITY_SHAPES, DECODE_IMPLS) leaves the other shape's
+    figure from the older file standing, and the newer file wins where it measured."""
+    both = [stability_row(s, "int4", False) for s in ("llama-2-7b", "qwen2.5-coder-1.5b")]
+    write(tmp_path, "2026-12-06-stability.json", H100, both)
+    write(tmp_path, "2026-12-07-stability.json", H100, [stability_row("llama-2-7b", "int4", True)])
+    bf16_only = [r for r in decode_rows(0.1) if r["impl"] == "nib-graphs"]
+    write(tmp_path, "2026-12-04-decode.json", H200, decode_rows(1.0))
+    write(tmp_path, "2026-12-05-decode.json", H200, bf16_only)
+    got = {s.target.what: s for s in targets.standings(tmp_path)}
+    seven = got["Llama-2-7B INT4: 10,000 steps and 1,000 requests, rows failed"]
+    qwen = got["Qwen2.5-1.5B INT4: 10,000 steps and 1,000 requests, rows failed"]
+    assert (seven.verdict, seven.source) == ("met", "2026-12-07-stability.json")
+    assert (qwen.verdict, qwen.source) == ("missed", "2026-12-06-stability.json")
+    bf16 = got["Llama-2-7B bf16 decode, context 640"]
+    int4 = got["Llama-2-7B INT4 decode, context 640"]
+    assert (bf16.value, bf16.source) == (pytest.approx(0.35), "2026-12-05-decode.json")
+    assert (int4.value, int4.source) == (pytest.approx(1.4), "2026-12-04-decode.json")
+    # A target no file measured names the newest file of its kind.
+    write(tmp_path, "2026-12-08-wire.json", H200, [])
+    got = {s.target.what: s for s in targets.standings(tmp_path)}
+    cancel = got["Llama-2-7B INT4 steps after a cancel (Session)"]
+    assert (cancel.value, cancel.verdict) == (None, "not measured")
+    assert cancel.source == "2026-12-08-wire.json"
+
+
 def test_newest_file_by_date_then_commit_and_never_an_experiment(
     targets: ModuleType, tmp_path: Path
 ) -> None:
