@@ -63,9 +63,11 @@ run() {
   echo "=== $name rc=$rc"
   tail -n "${TAIL:-12}" "$LOGS/$name.log"
 }
-# Steps that start `nib serve` time their runs under a cap; on a fresh machine the first
-# server would spend it in nvcc (2026-12-06: two wire-switch runs killed mid-build). Build
-# nib's CUDA modules once, uncapped by those runs, before the first such step.
+# Steps that start `nib serve` or a whole engine time their runs under a cap; on a fresh
+# machine the first would spend it in nvcc (2026-12-06: two wire-switch runs killed
+# mid-build; 2026-12-07: a 7B stability-int4 run killed at 152 s on a fresh machine, whole
+# in 140 s on the same machine warm). Build nib's CUDA modules once, under their own cap
+# and log, before the first such step.
 built=""
 prebuild() {
   [ -n "$built" ] && return
@@ -75,7 +77,7 @@ why = loader.unavailable_reason(torch.device('cuda')); print(why or 'nib CUDA mo
 }
 for step in ${*:-tests int4 typing decode}; do
   case $step in
-    wire|wire-int4|wire-trace|wire-trace-int4|wire-switch) prebuild ;;  # not wire-floors: gRPC alone
+    wire|wire-int4|wire-trace|wire-trace-int4|wire-switch|stability|stability-int4) prebuild ;;  # not wire-floors: gRPC alone
   esac
   case $step in
     tests|tests-cuda|tests-triton)
