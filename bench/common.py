@@ -11,13 +11,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+# torch is imported where a function needs it: bench/targets.py writes its README table
+# through this module on machines without torch.
 
 README = Path(__file__).resolve().parent / "README.md"
 
 
 def copy_bandwidth_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
     """Median device-to-device copy bandwidth, counting bytes read + written."""
+    import torch
+
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     src.random_()
     dst = torch.empty_like(src)
@@ -35,6 +38,8 @@ def copy_bandwidth_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
 
 
 def device_name() -> str:
+    import torch
+
     props = torch.cuda.get_device_properties(0)
     return f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB)"
 
@@ -67,6 +72,8 @@ def write_result(
     """out/<date>-<name>.json: date, device (the GPU's name unless `device` says what
     else ran it, e.g. cpu_name()), torch and the command (`python3 bench/<script>` with
     this process's arguments) first, then `fields`. Returns the path."""
+    import torch
+
     date = datetime.date.today().isoformat()
     result = {
         "date": date,

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -267,3 +268,21 @@ def test_the_readme_table_is_the_committed_results(targets: ModuleType) -> None:
     lines = m.group(1).split("\n")
     assert lines[0] == targets.caption(targets.CARD)
     assert lines[2:] == targets.table(targets.standings())
+
+
+def test_readme_table_is_written_without_torch(tmp_path: Path) -> None:
+    """`--readme` needs no GPU and no torch: it goes through bench/common.py, which
+    imports torch only in the functions that measure."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\n<!-- BEGIN targets -->\nold\n<!-- END targets -->\n")
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, 'bench'); import common;"
+        f"common.README = Path({str(readme)!r}); import targets;"
+        "targets.main(['--readme']); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    text = readme.read_text()
+    assert "old" not in text and "| issue | target | limit |" in text
