@@ -255,16 +255,9 @@ def standings(results: Path = RESULTS, card: str = CARD) -> list[Standing]:
     out = []
     for target in TARGETS:
         found = files[target.kind, target.any_gpu]
-        measured = ((name, r, target.value(r)) for name, r in found)
-        hit = next((m for m in measured if m[2] is not None), None)
-        if hit is not None:
-            name, result, value = hit
-            out.append(Standing(target, value, name, card, result_device(result)))
-        elif found:
-            name, result = found[0]
-            out.append(Standing(target, None, name, card, result_device(result)))
-        else:
-            out.append(Standing(target, None, "", card))
+        hit = next(((n, r, v) for n, r in found if (v := target.value(r)) is not None), None)
+        name, result, value = hit or ((*found[0], None) if found else ("", {}, None))
+        out.append(Standing(target, value, name, card, result_device(result)))
     return out
 
 
